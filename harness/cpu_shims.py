@@ -1,0 +1,29 @@
+"""The only CPU-tier shims, applied only when a stage runs on the cpu tier (no CUDA).
+
+megatron-core 0.19.2's torch_dist save path calls ``torch.cuda.synchronize()`` and passes
+``torch.cuda.current_device()`` as a ``device=`` argument (save path, global memory buffer of the
+local attention); on a machine without CUDA both raise. Here synchronize becomes a no-op and the
+current device is ``"cpu"``, so the REAL code runs over gloo on CPU. Megatron's CUDA RNG tracker
+cannot seed on CPU; its ``fork`` becomes a plain context (the model has dropout 0, so nothing
+inside a fork draws random numbers). Nothing else is faked: model,
+quantization, sharding metadata, validation and file I/O are the real components.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_applied = False
+
+
+def apply_cpu_shims() -> None:
+    global _applied
+    if _applied or torch.cuda.is_available():
+        return
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+    _applied = True

@@ -1,0 +1,134 @@
+"""Parallel topologies as data: ids like ``tp4-etp1-ep8-pp1``, validity against a model's sizes.
+
+Validity is checked here, in the controller, before any rank starts, so an impossible topology
+is reported as the constraint it breaks instead of an assertion deep inside megatron-core.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+_ID_RE = re.compile(r"^tp(\d+)-etp(\d+)-ep(\d+)(?:-pp(\d+))?(?:-w(\d+))?$")
+
+
+class TopologyError(ValueError):
+    """A topology that cannot run; the message names the broken constraint."""
+
+
+@dataclass(frozen=True, order=True)
+class Topology:
+    tp: int
+    etp: int
+    ep: int
+    pp: int = 1
+    world: int = 0  # 0: the smallest world that fits (see `world_size`)
+
+    @classmethod
+    def parse(cls, text: str) -> "Topology":
+        """``tp2-etp1-ep2``, ``tp2-etp1-ep2-pp2`` or ``tp1-etp1-ep2-pp1-w4`` (explicit world)."""
+        m = _ID_RE.match(text.strip())
+        if not m:
+            raise TopologyError(
+                f"cannot read topology {text!r}: expected tp<N>-etp<N>-ep<N>[-pp<N>][-w<N>], "
+                "e.g. tp4-etp1-ep8 or tp2-etp2-ep2-pp2"
+            )
+        tp, etp, ep, pp, world = (int(g) if g else 0 for g in m.groups())
+        return cls(tp, etp, ep, pp or 1, world)
+
+    @property
+    def world_size(self) -> int:
+        """Explicit world, else the least common multiple of the dense and expert model sizes."""
+        if self.world:
+            return self.world
+        dense, expert = self.tp * self.pp, self.etp * self.ep * self.pp
+        return _lcm(dense, expert)
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp)
+
+    @property
+    def edp(self) -> int:
+        return self.world_size // (self.etp * self.ep * self.pp)
+
+    @property
+    def id(self) -> str:
+        base = f"tp{self.tp}-etp{self.etp}-ep{self.ep}-pp{self.pp}"
+        implicit = Topology(self.tp, self.etp, self.ep, self.pp).world_size
+        return base if self.world_size == implicit else f"{base}-w{self.world_size}"
+
+    def __str__(self) -> str:
+        return self.id
+
+    def problems(self, size: "ModelSizeLike | None" = None) -> list[str]:
+        """Every broken constraint, each named; empty when the topology can run."""
+        out = []
+        for name in ("tp", "etp", "ep", "pp"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if out:
+            return out
+        w = self.world_size
+        if w % (self.tp * self.pp):
+            out.append(f"world size {w} is not divisible by tp*pp = {self.tp * self.pp}")
+        if w % (self.etp * self.ep * self.pp):
+            out.append(
+                f"world size {w} is not divisible by etp*ep*pp = {self.etp * self.ep * self.pp}"
+            )
+        if size is None:
+            return out
+        if size.num_experts % self.ep:
+            out.append(f"num_experts {size.num_experts} is not divisible by ep {self.ep}")
+        if size.num_attention_heads % self.tp:
+            out.append(
+                f"num_attention_heads {size.num_attention_heads} is not divisible by tp {self.tp}"
+            )
+        if size.moe_ffn_hidden_size % self.etp:
+            out.append(
+                f"moe_ffn_hidden_size {size.moe_ffn_hidden_size} is not divisible by etp {self.etp}"
+            )
+        if size.num_layers % self.pp:
+            out.append(f"num_layers {size.num_layers} is not divisible by pp {self.pp}")
+        if size.vocab_size % self.tp:
+            out.append(f"vocab_size {size.vocab_size} is not divisible by tp {self.tp}")
+        return out
+
+    def check(self, size: "ModelSizeLike | None" = None) -> "Topology":
+        problems = self.problems(size)
+        if problems:
+            raise TopologyError(f"topology {self.id} cannot run: " + "; ".join(problems))
+        return self
+
+
+class ModelSizeLike:  # typing aid only: anything with these attributes
+    num_experts: int
+    num_attention_heads: int
+    moe_ffn_hidden_size: int
+    num_layers: int
+    vocab_size: int
+
+
+def _lcm(a: int, b: int) -> int:
+    from math import gcd
+
+    return a * b // gcd(a, b)
+
+
+def enumerate_topologies(max_world: int, size=None, with_pp: bool = True) -> Iterable[Topology]:
+    """Every (tp, etp, ep, pp, world) up to ``max_world`` ranks that passes `problems`."""
+    for world in range(1, max_world + 1):
+        for pp in range(1, world + 1) if with_pp else (1,):
+            if world % pp:
+                continue
+            per_stage = world // pp
+            for tp in _divisors(per_stage):
+                for etp in _divisors(per_stage):
+                    for ep in _divisors(per_stage // etp):
+                        topo = Topology(tp, etp, ep, pp, world)
+                        if not topo.problems(size):
+                            yield topo
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
