@@ -1,0 +1,23 @@
+"""Rank entry point: ``torchrun ... -m harness.rank <stage-spec.json>``.
+
+The ``__main__`` guard matters: the torch_dist save starts a spawn multiprocessing Manager,
+which re-imports the main module.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+
+def main(argv: list[str]) -> None:
+    from .rank_guard import rank_main
+    from .stage_spec import StageSpec
+    from .stages import STAGES
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    spec = StageSpec.read(argv[0])
+    rank_main(spec.stage, lambda: STAGES[spec.stage](spec))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

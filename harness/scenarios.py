@@ -1,0 +1,144 @@
+"""Scenario files (``scenarios/*.toml``) -> cells: one save topology, optionally one load topology.
+
+A scenario file is plain data a non-Python reader can follow: tier, model backend, patch, the
+save and load topologies, and what outcome to expect. Topologies are checked against the
+model's sizes here, at collection, so a bad grid fails with the broken constraint named.
+"""
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import oracle
+from .model import CPU_SIZE, GPU_SIZE, ModelSize
+from .topology import Topology, TopologyError
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+EXPECT_MODES = ("pass", "oracle")
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class KnownGap:
+    """Saved keys a load legitimately does not restore, with the reason (shown in reports)."""
+
+    pattern: str
+    reason: str
+
+    def matches(self, key: str) -> bool:
+        return fnmatch.fnmatchcase(key, self.pattern)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    tier: str
+    backend: str
+    patch: str
+    expect: str
+    size: ModelSize
+    saves: tuple[Topology, ...]
+    loads: tuple[Topology, ...]
+    pairs: tuple[tuple[Topology, Topology], ...] = ()
+    singleton_local_shards: bool = True
+    strict_load: bool = True
+    known_gaps: tuple[KnownGap, ...] = ()
+    stage_timeout_s: float = 300.0
+    markers: tuple[str, ...] = ()
+    source: str = ""
+
+    def cells(self) -> list["Cell"]:
+        out = [Cell(self, s, None) for s in self.saves]
+        pairs = [(s, l) for s in self.saves for l in self.loads] + list(self.pairs)
+        out += [Cell(self, s, l) for s, l in pairs]
+        return out
+
+
+@dataclass(frozen=True)
+class Cell:
+    scenario: Scenario
+    save: Topology
+    load: Topology | None
+
+    @property
+    def id(self) -> str:
+        tail = f"load={self.load.id}" if self.load else "save-only"
+        return f"{self.scenario.name}[save={self.save.id},{tail}]"
+
+    @property
+    def save_id(self) -> str:
+        """Cells that share a save (same scenario settings and topology) share one checkpoint."""
+        s = self.scenario
+        return f"{s.tier}-{s.backend}-{s.patch}-{self.save.id}"
+
+    @property
+    def expected(self) -> str:
+        """pass | fail-save | fail-load, from the scenario's expectation mode."""
+        s = self.scenario
+        if s.expect == "pass":
+            return "pass"
+        rule = "fixed" if s.patch == "fix" else "buggy"
+        if oracle.predicts_failure(self.save, rule):
+            return "fail-save"
+        if self.load and oracle.predicts_failure(self.load, rule):
+            return "fail-load"
+        return "pass"
+
+    @property
+    def world(self) -> int:
+        return max(self.save.world_size, self.load.world_size if self.load else 0)
+
+
+def _topologies(raw, size: ModelSize, where: str) -> tuple[Topology, ...]:
+    out = []
+    for text in raw:
+        try:
+            out.append(Topology.parse(text).check(size))
+        except TopologyError as exc:
+            raise ScenarioError(f"{where}: {exc}") from None
+    return tuple(out)
+
+
+def load_scenario(path: Path) -> Scenario:
+    data = tomllib.loads(path.read_text())
+    where = path.name
+    try:
+        tier, backend = data["tier"], data["backend"]
+    except KeyError as exc:
+        raise ScenarioError(f"{where}: missing required field {exc}") from None
+    if data.get("expect", "oracle") not in EXPECT_MODES:
+        raise ScenarioError(f"{where}: expect must be one of {EXPECT_MODES}")
+    size = ModelSize(**{**(CPU_SIZE if backend == "local" else GPU_SIZE).as_dict(),
+                        **data.get("model", {})})
+    pairs = tuple(
+        (_topologies([s], size, where)[0], _topologies([l], size, where)[0])
+        for s, l in data.get("pairs", [])
+    )
+    return Scenario(
+        name=data.get("name", path.stem),
+        description=data.get("description", "").strip(),
+        tier=tier,
+        backend=backend,
+        patch=data.get("patch", "none"),
+        expect=data.get("expect", "oracle"),
+        size=size,
+        saves=_topologies(data.get("saves", []), size, where),
+        loads=_topologies(data.get("loads", []), size, where),
+        pairs=pairs,
+        singleton_local_shards=data.get("singleton_local_shards", True),
+        strict_load=data.get("strict_load", True),
+        known_gaps=tuple(KnownGap(**g) for g in data.get("known_gaps", [])),
+        stage_timeout_s=float(data.get("stage_timeout_s", 300)),
+        markers=tuple(data.get("markers", [])),
+        source=str(path),
+    )
+
+
+def load_all(directory: Path = SCENARIO_DIR) -> list[Scenario]:
+    return [load_scenario(p) for p in sorted(directory.glob("*.toml"))]

@@ -1,0 +1,132 @@
+"""Stage bodies run on every rank under torchrun: quantize+save, and load+verify.
+
+Each returns a dict of figures for ``ranks/rank<r>.json``; any exception is left to the rank
+guard, which records it as this rank's error and tears the rank down.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from . import compare, inject
+from .checkpoint import (
+    load_checkpoint,
+    require_checkpoint,
+    restore_modelopt_state,
+    save_checkpoint,
+    sharded_metadata,
+)
+from .stage_spec import StageSpec
+
+
+class _Clock:
+    def __init__(self):
+        self.t, self.durations = time.perf_counter(), {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.durations[name] = round(now - self.t, 3)
+        self.t = now
+
+
+def _prepare(spec: StageSpec, clock: _Clock):
+    """Imports, patch, process groups, model: the part both stages share."""
+    if spec.tier == "cpu":
+        from .cpu_shims import apply_cpu_shims
+
+        apply_cpu_shims()
+    if spec.patch == "fix":
+        from .fix import apply
+
+        apply()
+    import megatron.core  # noqa: F401  (timed as imports)
+    import modelopt.torch.quantization  # noqa: F401
+
+    from .distributed import init_rank
+    from .model import build_gpt
+    from .rank_guard import pg_timeout_s
+
+    clock.lap("imports")
+    rank = init_rank(spec.topo, spec.tier, pg_timeout_s())
+    model = build_gpt(spec.topo, spec.model_size, spec.backend, spec.seed)
+    inject.point("after_build")
+    clock.lap("build")
+    return rank, model
+
+
+def _device():
+    return torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+
+
+def _runs_logits(spec: StageSpec, other_pp: int = 1) -> bool:
+    return spec.topo.pp == 1 and other_pp == 1
+
+
+def save_stage(spec: StageSpec) -> dict:
+    from .logits import probe_logits, save_probe
+    from .quant import quantize_nvfp4
+
+    clock = _Clock()
+    rank, model = _prepare(spec, clock)
+    quantize_nvfp4(model, spec.model_size, _device())
+    clock.lap("quantize")
+    metadata = sharded_metadata(spec.singleton_local_shards)
+    ref_dir = Path(spec.reference_dir)
+    shards = compare.save_reference(model.sharded_state_dict(metadata=metadata), ref_dir, rank)
+    if rank == 0:
+        (ref_dir / "saved_topology.txt").write_text(spec.topology)
+    if _runs_logits(spec):
+        logits = probe_logits(model, spec.model_size, spec.tier, _device())
+        if logits is not None:
+            save_probe(logits, ref_dir)
+    clock.lap("reference")
+    inject.point("before_save")
+    save_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.validate_sharding)
+    clock.lap("save")
+    return {"durations": clock.durations, "reference_shards": shards}
+
+
+def load_stage(spec: StageSpec) -> dict:
+    from .logits import compare_probe, probe_logits
+
+    ckpt = Path(spec.ckpt_dir)
+    require_checkpoint(ckpt)
+    clock = _Clock()
+    rank, model = _prepare(spec, clock)
+    restore_modelopt_state(model, ckpt)
+    metadata = sharded_metadata(spec.singleton_local_shards)
+    inject.point("before_load")
+    result = load_checkpoint(model, ckpt, metadata, spec.strict_load, spec.validate_sharding)
+    clock.lap("load")
+
+    ref_dir = Path(spec.reference_dir)
+    reference = compare.load_reference(ref_dir)
+    cmp = compare.compare(model.sharded_state_dict(metadata=metadata), reference)
+    present = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(present, cmp.present_keys)
+    verify = cmp.as_dict()
+    verify["missing_keys"] = compare.missing_keys(reference, {k for ks in present for k in ks})
+    verify["load_state_dict"] = {
+        "missing": list(getattr(result, "missing_keys", []))[:20],
+        "unexpected": list(getattr(result, "unexpected_keys", []))[:20],
+    }
+    saved_pp = _saved_pp(ref_dir)
+    if _runs_logits(spec, saved_pp) and (ref_dir / "logits.pt").exists():
+        logits = probe_logits(model, spec.model_size, spec.tier, _device())
+        if logits is not None:
+            verify.update(compare_probe(logits, ref_dir, spec.tier))
+    else:
+        verify["logits_skipped"] = "pipeline parallel (pp > 1) on the save or load side"
+    clock.lap("verify")
+    return {"durations": clock.durations, "verify": verify}
+
+
+def _saved_pp(ref_dir: Path) -> int:
+    from .topology import Topology
+
+    return Topology.parse((ref_dir / "saved_topology.txt").read_text()).pp
+
+
+STAGES = {"save": save_stage, "load": load_stage}

@@ -1,0 +1,22 @@
+"""Every scenario cell: run it for real and judge the outcome against its expectation."""
+from __future__ import annotations
+
+import pytest
+
+from harness.environment import tier_skip_reason
+from harness.results import GOOD_OUTCOMES
+
+
+def test_cell(cell, run_dir):
+    reason = tier_skip_reason(cell.scenario.tier, cell.world)
+    if reason:
+        pytest.skip(reason)
+    from harness.runner import run_cell
+
+    rec = run_cell(cell, run_dir)
+    if rec.outcome == "blocked":
+        pytest.skip(rec.reason)
+    assert rec.outcome in GOOD_OUTCOMES, (
+        f"{rec.outcome} (expected {rec.expected}) at {rec.failed_stage or '-'}: "
+        f"{rec.exception_type or ''} {rec.message or rec.reason or ''}"[:3000]
+    )
