@@ -129,4 +129,10 @@ def _saved_pp(ref_dir: Path) -> int:
     return Topology.parse((ref_dir / "saved_topology.txt").read_text()).pp
 
 
-STAGES = {"save": save_stage, "load": load_stage}
+def _dump_stage(spec: StageSpec) -> dict:
+    from .metadata import dump_stage
+
+    return dump_stage(spec)
+
+
+STAGES = {"save": save_stage, "load": load_stage, "dump-metadata": _dump_stage}

@@ -1,0 +1,91 @@
+"""``python -m harness <command>``: map, repro, run, dump-metadata, verdict, inspect."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+
+def _quiet() -> None:
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("megatron").setLevel(logging.ERROR)
+
+
+def cmd_map(args) -> int:
+    from .oracle import collision_map
+
+    entries = collision_map(args.max_world)
+    if args.json:
+        print(json.dumps([e.as_json() for e in entries], indent=1))
+        return 0
+    from .map_report import render_map
+
+    print(render_map(entries))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .orchestrate import run_scenarios
+    from .scenarios import load_all
+
+    scenarios = [s for s in load_all() if not args.scenario or s.name in args.scenario]
+    if not scenarios:
+        print(f"no scenario named {args.scenario}; see scenarios/*.toml", file=sys.stderr)
+        return 2
+    doc = run_scenarios(scenarios, Path(args.results_root), label="run")
+    return 0 if all(c["outcome"] in ("pass", "bug-reproduced", "blocked", "skipped")
+                    for c in doc["cells"]) else 1
+
+
+def cmd_repro(args) -> int:
+    from .repro import repro
+
+    return repro(Path(args.results_root), gpu=args.gpu)
+
+
+def cmd_dump(args) -> int:
+    from .orchestrate import dump_metadata
+    from .topology import Topology, TopologyError
+
+    try:
+        topo = Topology.parse(args.topology).check()
+    except TopologyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return dump_metadata(topo, args.tier, args.backend, args.patch, Path(args.out),
+                         Path(args.results_root))
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet()
+    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
+    p.add_argument("--results-root", default="results")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("map", help="collision map of every topology up to N ranks (oracle)")
+    m.add_argument("--max-world", type=int, default=8)
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(fn=cmd_map)
+
+    r = sub.add_parser("run", help="run scenario cells and print the table")
+    r.add_argument("--scenario", action="append", default=[])
+    r.set_defaults(fn=cmd_run)
+
+    rp = sub.add_parser("repro", help="the main job: reproduce the bug and check the fix here")
+    rp.add_argument("--gpu", choices=("auto", "yes", "no"), default="auto")
+    rp.set_defaults(fn=cmd_repro)
+
+    d = sub.add_parser("dump-metadata", help="record sharded-state-dict metadata of a topology")
+    d.add_argument("--topology", required=True)
+    d.add_argument("--tier", default="gpu-shared", choices=("cpu", "gpu-shared", "gpu"))
+    d.add_argument("--backend", default="te", choices=("te", "local"))
+    d.add_argument("--patch", default="none", choices=("none", "fix"))
+    d.add_argument("--out", required=True)
+    d.set_defaults(fn=cmd_dump)
+
+    args = p.parse_args(argv)
+    return args.fn(args)
