@@ -1,0 +1,215 @@
+"""Human-readable views of a results.json: a Markdown table, a save x load grid picture, and a
+one-line progress counter.
+
+Why: CI keeps results.json for machines; a person opening a nightly pipeline wants to see at a
+glance which save/load topology pairs pass, which reproduce the known bug as expected, and which
+fail in a new way. Records are plain dicts in the schema of docs/ARCHITECTURE.md, so this module
+works on any results.json without importing the controller.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+Record = Mapping[str, Any]
+
+# The five categories of the grid, worst first (a grid square holding several records shows
+# the worst). Each: (outcomes mapped to it, label, short text drawn in the square, colour).
+CATEGORIES = (
+    (("unexpected-failure", "unexpected-pass"), "unexpected failure (or pass)", "FAIL", "#d62728"),
+    (("blocked",), "blocked", "BLOCK", "#7f7f7f"),
+    (("bug-reproduced",), "bug reproduced as expected", "BUG", "#ff9f1c"),
+    (("skipped",), "skipped", "SKIP", "#c7c7c7"),
+    (("pass",), "pass", "PASS", "#2ca02c"),
+)
+SAVE_ONLY = "(save only)"
+# Outcomes that share a category but deserve their own word in the square.
+_WORDS = {"unexpected-pass": "UNEXP.\nPASS"}
+
+
+def category(outcome: str) -> int:
+    """Index into CATEGORIES; an unknown outcome counts as an unexpected failure."""
+    for i, (outcomes, *_rest) in enumerate(CATEGORIES):
+        if outcome in outcomes:
+            return i
+    return 0
+
+
+def cell_seconds(record: Record) -> float:
+    """Wall seconds of a cell: its save and load stages, else the sum of what was measured."""
+    d = record.get("durations") or {}
+    stages = [d[k] for k in ("save_stage", "load_stage") if isinstance(d.get(k), (int, float))]
+    if stages:
+        return float(sum(stages))
+    return float(sum(v for v in d.values() if isinstance(v, (int, float))))
+
+
+def _first_line(text: Any, limit: int = 120) -> str:
+    line = str(text or "").strip().splitlines()[0] if str(text or "").strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def cause(record: Record) -> str:
+    """One short phrase saying why a cell ended as it did (empty for a plain pass)."""
+    outcome = record.get("outcome")
+    if outcome in ("blocked", "skipped"):
+        return _first_line(record.get("reason"))
+    if outcome == "unexpected-pass":
+        return f"expected {record.get('expected')}, passed"
+    if not record.get("exception_type") and not record.get("message"):
+        return ""
+    parts = []
+    if record.get("failed_stage"):
+        parts.append(f"{record['failed_stage']}:")
+    head = record.get("exception_type") or ""
+    msg = _first_line(record.get("message"), 100)
+    parts.append(f"{head}: {msg}" if head and msg else head or msg)
+    if record.get("failing_key"):
+        parts.append(f"key `{record['failing_key']}`")
+    if record.get("first_failure_rank") is not None:
+        parts.append(f"(rank {record['first_failure_rank']})")
+    return " ".join(parts)
+
+
+def _md(text: Any) -> str:
+    """A Markdown table cell: no pipes or newlines may break the row."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _versions_line(versions: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or "unknown"
+
+
+def markdown_summary(results: Mapping[str, Any]) -> str:
+    """A Markdown report: header (run, date, versions, tier), counts, then one row per cell."""
+    cells = list(results.get("cells") or [])
+    counts: dict[str, int] = {}
+    for r in cells:
+        counts[r.get("outcome", "?")] = counts.get(r.get("outcome", "?"), 0) + 1
+    total = sum(cell_seconds(r) for r in cells)
+    lines = [
+        f"# moe-ckpt-harness run `{results.get('run_id', '?')}`",
+        "",
+        f"- date: {results.get('created', 'unknown')}",
+        f"- versions: {_versions_line(results.get('versions') or {})}",
+        f"- tier: {results.get('tier', 'unknown')}",
+        f"- cells: {len(cells)} ("
+        + (", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "none")
+        + f"), {total:.1f} s of cell time",
+        "",
+        "| save topology | load topology | tier | patch | outcome | cause | seconds |",
+        "| --- | --- | --- | --- | --- | --- | ---: |",
+    ]
+    order = sorted(cells, key=lambda r: (category(r.get("outcome", "")), str(r.get("cell_id", ""))))
+    for r in order:
+        lines.append(
+            "| "
+            + " | ".join(
+                _md(x)
+                for x in (
+                    r.get("save_topology") or "",
+                    r.get("load_topology") or SAVE_ONLY,
+                    r.get("tier", ""),
+                    r.get("patch", ""),
+                    r.get("outcome", ""),
+                    cause(r),
+                    f"{cell_seconds(r):.1f}",
+                )
+            )
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _panels(cells: Iterable[Record]) -> dict[tuple[str, str], list[Record]]:
+    """Records grouped by (tier, patch): the fix and the unpatched run are read side by side."""
+    out: dict[tuple[str, str], list[Record]] = {}
+    for r in cells:
+        out.setdefault((str(r.get("tier", "?")), str(r.get("patch", "none"))), []).append(r)
+    return dict(sorted(out.items()))
+
+
+def write_grid_png(results: Mapping[str, Any], path: str) -> None:
+    """Heatmap, rows = save topology, columns = load topology, one panel per (tier, patch).
+
+    Each square is coloured by its category and also carries a word (PASS, BUG, FAIL, BLOCK,
+    SKIP), so it reads in grey print and for colour-blind readers; a square with several records
+    shows the worst and how many there are.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    cells = list(results.get("cells") or [])
+    saves = sorted({str(r.get("save_topology") or "?") for r in cells}) or ["-"]
+    loads = sorted({str(r.get("load_topology")) for r in cells if r.get("load_topology")})
+    if any(not r.get("load_topology") for r in cells) or not loads:
+        loads.append(SAVE_ONLY)
+    panels = _panels(cells) or {("-", "-"): []}
+    colours = [c[3] for c in CATEGORIES] + ["#f2f2f2"]  # last: no cell there
+    empty = len(CATEGORIES)
+    cmap = ListedColormap(colours)
+
+    ncols = min(2, len(panels))
+    nrows = -(-len(panels) // ncols)
+    w = max(4.5, 1.0 * len(loads) + 2.6)
+    h = max(2.8, 0.5 * len(saves) + 2.2)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows + 0.8), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, ((tier, patch), recs) in zip(flat, panels.items()):
+        grid = [[empty] * len(loads) for _ in saves]
+        count = [[0] * len(loads) for _ in saves]
+        word = [[""] * len(loads) for _ in saves]
+        for r in recs:
+            i = saves.index(str(r.get("save_topology") or "?"))
+            j = loads.index(str(r.get("load_topology")) if r.get("load_topology") else SAVE_ONLY)
+            if category(r.get("outcome", "")) <= grid[i][j]:
+                word[i][j] = _WORDS.get(r.get("outcome", ""), CATEGORIES[category(r.get("outcome", ""))][2])
+            grid[i][j] = min(grid[i][j], category(r.get("outcome", "")))
+            count[i][j] += 1
+        ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=empty + 0.5, aspect="auto")
+        for i in range(len(saves)):
+            for j in range(len(loads)):
+                if grid[i][j] == empty:
+                    continue
+                text = word[i][j] + (f" ×{count[i][j]}" if count[i][j] > 1 else "")
+                ax.text(j, i, text, ha="center", va="center", fontsize=8, fontweight="bold",
+                        color="white" if grid[i][j] in (0, 1, 4) else "black")
+        ax.set_xticks(range(len(loads)), loads, rotation=35, ha="right", fontsize=8)
+        ax.set_yticks(range(len(saves)), saves, fontsize=8)
+        ax.set_xticks([x - 0.5 for x in range(1, len(loads))], minor=True)
+        ax.set_yticks([y - 0.5 for y in range(1, len(saves))], minor=True)
+        ax.grid(which="minor", color="white", linewidth=2)
+        ax.tick_params(which="minor", length=0)
+        ax.set_xlabel("load topology")
+        ax.set_ylabel("save topology")
+        ax.set_title(f"tier {tier}, patch {patch}", fontsize=10)
+    versions = _versions_line(results.get("versions") or {})
+    fig.suptitle(f"run {results.get('run_id', '?')}  ({versions})", fontsize=9)
+    fig.legend(handles=[Patch(color=c[3], label=c[1]) for c in CATEGORIES], loc="lower center",
+               ncol=len(CATEGORIES), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(max(seconds, 0.0)))
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def progress_line(done: int, total: int, failures: int, elapsed: float) -> str:
+    """``[ 12/40  30%] 2 failed, 1m05s elapsed, ~2m32s left`` (the estimate assumes equal cells)."""
+    width = len(str(total))
+    pct = int(100 * done / total) if total else 100
+    left = f"~{_clock(elapsed / done * (total - done))} left" if 0 < done < total else (
+        "done" if done >= total else "estimating"
+    )
+    return f"[{done:>{width}}/{total} {pct:3d}%] {failures} failed, {_clock(elapsed)} elapsed, {left}"
+

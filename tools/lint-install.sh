@@ -1,0 +1,13 @@
+# Sourced by tools/validate-gitlab-ci.sh and tools/lint-dockerfile.sh (run from the repo root):
+#   lint_install PACKAGE CMD   puts the version of PACKAGE pinned in requirements/lint.txt into
+#   $VENV (default .venv; created bare if missing) unless `CMD --version` already reports it.
+lint_install() {
+  local package=$1 cmd=$2 pin want
+  pin=$(grep -E "^$package==" requirements/lint.txt | cut -d' ' -f1)
+  want=${pin#"$package"==}
+  VENV=${VENV:-.venv}
+  [ -x "$VENV/bin/python" ] || "${BOOTSTRAP_PYTHON:-python3}" -m venv "$VENV"
+  if ! "$VENV/bin/$cmd" --version 2>/dev/null | grep -qE "(^| )$want\$"; then
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q install "$pin"
+  fi
+}
