@@ -29,14 +29,16 @@ def cmd_map(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .orchestrate import run_scenarios
+    from .orchestrate import run_cells, select_cells
     from .scenarios import load_all
 
     scenarios = [s for s in load_all() if not args.scenario or s.name in args.scenario]
-    if not scenarios:
-        print(f"no scenario named {args.scenario}; see scenarios/*.toml", file=sys.stderr)
+    cells = select_cells(scenarios, args.cells)
+    if not cells:
+        print(f"no cell matches scenario {args.scenario} / cells {args.cells}; "
+              "see scenarios/*.toml", file=sys.stderr)
         return 2
-    doc = run_scenarios(scenarios, Path(args.results_root), label="run")
+    doc = run_cells(cells, Path(args.results_root), label=args.label, jobs=args.jobs)
     return 0 if all(c["outcome"] in ("pass", "bug-reproduced", "blocked", "skipped")
                     for c in doc["cells"]) else 1
 
@@ -72,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     m.set_defaults(fn=cmd_map)
 
     r = sub.add_parser("run", help="run scenario cells and print the table")
-    r.add_argument("--scenario", action="append", default=[])
+    r.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable)")
+    r.add_argument("--cells", action="append", default=[],
+                   help="glob on cell ids, e.g. '*save=tp4-etp1-ep8*' (repeatable)")
+    r.add_argument("--jobs", type=int, default=1, help="cells run at once in each phase")
+    r.add_argument("--label", default="run", help="suffix of the results/<run-id> folder")
     r.set_defaults(fn=cmd_run)
 
     rp = sub.add_parser("repro", help="the main job: reproduce the bug and check the fix here")

@@ -1,8 +1,11 @@
 """Controller loops outside pytest: run scenario cells in order, record metadata."""
 from __future__ import annotations
 
+import fnmatch
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .environment import tier_skip_reason, versions
@@ -19,23 +22,46 @@ def _skipped(cell, reason: str) -> CellRecord:
     )
 
 
-def run_scenarios(scenarios, results_root: Path, label: str, out=sys.stdout) -> dict:
-    """Run every cell (skipping those this machine cannot run), print progress and the table."""
+def select_cells(scenarios, patterns: list[str] | None = None) -> list:
+    """Every cell, or those whose id matches one of the glob ``patterns``."""
+    cells = [c for s in scenarios for c in s.cells()]
+    if not patterns:
+        return cells
+    chosen = [c for c in cells if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
+    # A chosen load needs its save: keep the save-only cell of every save a chosen cell uses.
+    needed = {(c.scenario.name, c.save_id) for c in chosen}
+    return [c for c in cells if c in chosen
+            or (c.load is None and (c.scenario.name, c.save_id) in needed)]
+
+
+def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdout) -> dict:
+    """Run cells (skipping those this machine cannot run); print progress, then the table.
+
+    Saves run first, then every load, each phase ``jobs`` cells at a time: a load needs its
+    save's checkpoint, and cells sharing a save must not race to create it.
+    """
     from .report import markdown_summary, progress_line
 
     run_dir = new_run_dir(results_root, label)
-    cells = [c for s in scenarios for c in s.cells()]
-    start, failures = time.monotonic(), 0
-    for n, cell in enumerate(cells, 1):
+    start, lock, state = time.monotonic(), threading.Lock(), {"done": 0, "failures": 0}
+
+    def one(cell) -> None:
         reason = tier_skip_reason(cell.scenario.tier, cell.world)
         if reason:
             rec = _skipped(cell, reason)
             write_record(rec, run_dir / "cells" / _safe(cell.id) / "record.json")
         else:
             rec = run_cell(cell, run_dir)
-        failures += rec.outcome in ("unexpected-failure", "unexpected-pass")
-        print(progress_line(n, len(cells), failures, time.monotonic() - start)
-              + f"  {cell.id}: {rec.outcome}", file=out, flush=True)
+        with lock:
+            state["done"] += 1
+            state["failures"] += rec.outcome in ("unexpected-failure", "unexpected-pass")
+            print(progress_line(state["done"], len(cells), state["failures"],
+                                time.monotonic() - start) + f"  {cell.id}: {rec.outcome}",
+                  file=out, flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, [c for c in cells if c.load is None]))
+        list(pool.map(one, [c for c in cells if c.load is not None]))
     doc = collect(run_dir, versions())
     print(markdown_summary(doc), file=out)
     print(f"results: {run_dir / 'results.json'}", file=out)
@@ -60,3 +86,25 @@ def dump_metadata(topo, tier: str, backend: str, patch: str, out: Path, results_
                     [str(spec.write(stage_dir / "spec.json"))], timeout_s=300)
     print(run.summary())
     return 0 if run.ok else 1
+
+
+def run_probe(probe: dict, nproc: int, stage_dir: Path, timeout_s: float = 240):
+    """Start ``harness.probe`` on ``nproc`` gloo ranks; returns the launcher's StageRun."""
+    import json
+
+    from .launch import run_stage
+
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    spec = stage_dir / "probe.json"
+    spec.write_text(json.dumps(probe))
+    return run_stage(f"probe-{probe['probe']}", stage_dir, nproc, [str(spec)],
+                     timeout_s=timeout_s, rank_module="harness.probe")
+
+
+def probe_oracle_world(topologies, world: int, num_experts: int, stage_dir: Path) -> dict:
+    """Real megatron-core validation of the per-expert amax rule for topologies of one world."""
+    run = run_probe({"probe": "oracle", "topologies": [t.id for t in topologies],
+                     "num_experts": num_experts}, world, stage_dir)
+    if not run.ok:
+        raise RuntimeError(f"oracle probe on {world} ranks failed: {run.summary()}")
+    return run.rank_results[0]["results"]
