@@ -1,0 +1,67 @@
+"""Runtime fix for the per-expert MoE quantizer checkpoint bugs of nvidia-modelopt 0.47.0.
+
+Until an upstream release carries the fix (NVIDIA/Model-Optimizer issue #2209), users apply it in
+their own Megatron-LM / ModelOpt runs, either in code::
+
+    import harness.fix; harness.fix.apply()      # before building/loading the model
+
+or, without touching their code, through the environment::
+
+    MOE_CKPT_FIX=1 PYTHONPATH=<repo>/harness/fix/autoload:$PYTHONPATH torchrun ...
+
+(see ``autoload/sitecustomize.py``). The same change, as a diff against the 0.47.0 sources, is
+``patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff``.
+
+The fix is tied to one exact modelopt version because it wraps private methods whose bodies it
+relies on; any other version is refused rather than patched blindly.
+"""
+from __future__ import annotations
+
+SUPPORTED_MODELOPT_VERSION = "0.47.0"
+
+
+class UnsupportedModeloptVersion(RuntimeError):
+    """The installed nvidia-modelopt is not the one this fix was written and checked against."""
+
+
+class TransformerEngineMissing(RuntimeError):
+    """ModelOpt's Transformer Engine plugin classes (TEGroupedMLP support) are not defined."""
+
+
+def _installed_modelopt_version() -> str | None:
+    """The nvidia-modelopt distribution version, or None when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("nvidia-modelopt")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def apply() -> str:
+    """Patch the installed nvidia-modelopt in this process; idempotent.
+
+    Returns a short description of what is patched. Raises ``UnsupportedModeloptVersion`` on any
+    nvidia-modelopt other than 0.47.0 and ``TransformerEngineMissing`` when Transformer Engine is
+    not importable (the TEGroupedMLP plugin classes then do not exist, and neither does the bug).
+    """
+    installed = _installed_modelopt_version()
+    if installed != SUPPORTED_MODELOPT_VERSION:
+        raise UnsupportedModeloptVersion(
+            f"harness.fix supports nvidia-modelopt=={SUPPORTED_MODELOPT_VERSION} only, but "
+            f"{'nvidia-modelopt is not installed' if installed is None else f'{installed} is installed'}. "
+            "Nothing was patched. If the installed version already contains the upstream fix "
+            "(NVIDIA/Model-Optimizer #2209), do not apply this one; otherwise port "
+            "patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff to it."
+        )
+    from . import modelopt_0_47_0
+
+    return modelopt_0_47_0.apply()
+
+
+__all__ = [
+    "SUPPORTED_MODELOPT_VERSION",
+    "TransformerEngineMissing",
+    "UnsupportedModeloptVersion",
+    "apply",
+]

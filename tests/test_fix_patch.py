@@ -1,0 +1,398 @@
+"""CPU checks of harness.fix and of patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff.
+
+What runs here for real: the diff against the installed 0.47.0 sources; the refusals of
+``apply()``; megatron-core's own ``make_sharded_tensors_for_checkpoint`` and its sharding
+validator driven through the fix's wrapper with fake process groups; modelopt's real
+``_ParallelLinear.modelopt_post_restore`` + ``quant_module_set_extra_state`` on a toy linear with a
+per-expert ``GroupedQuantizer``; the autoload ``sitecustomize``. The TE classes themselves
+(``_QuantMegatronTEGroupedLinear``) cannot exist without Transformer Engine: see
+tests/gpu/test_fix_te.py.
+"""
+from __future__ import annotations
+
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+import harness.fix as fix
+from harness.fix import modelopt_0_47_0 as fx
+
+REPO = Path(__file__).resolve().parents[1]
+DIFF = REPO / "patches" / "nvidia-modelopt-0.47.0-expert-amax-resharding.diff"
+AUTOLOAD = REPO / "harness" / "fix" / "autoload"
+
+pytestmark = pytest.mark.cpu
+
+
+def _site_packages() -> Path:
+    import modelopt
+
+    return Path(modelopt.__file__).resolve().parents[1]
+
+
+def _te_importable() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+# --- the diff -------------------------------------------------------------------------------------
+def test_diff_applies_to_installed_0_47_0_and_compiles(tmp_path):
+    assert fix._installed_modelopt_version() == "0.47.0", "this test needs the pinned modelopt"
+    files = sorted(
+        {line[6:].split("\t")[0] for line in DIFF.read_text().splitlines() if line.startswith("+++ b/")}
+    )
+    assert files == [
+        "modelopt/torch/quantization/plugins/custom.py",
+        "modelopt/torch/quantization/plugins/megatron.py",
+    ]
+    for rel in files:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(_site_packages() / rel, tmp_path / rel)
+    patch = shutil.which("patch")
+    assert patch, "the `patch` binary is needed (apt-get install patch)"
+    for extra in (["--dry-run"], []):
+        r = subprocess.run(
+            [patch, "-p1", "--forward", "--batch", *extra, "-i", str(DIFF)],
+            cwd=tmp_path, capture_output=True, text=True,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "offset" not in r.stdout and "fuzz" not in r.stdout, r.stdout
+    for rel in files:
+        py_compile.compile(str(tmp_path / rel), doraise=True)
+        assert (tmp_path / rel).read_text() != (_site_packages() / rel).read_text()
+
+
+# --- refusals --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("installed", ["0.46.1", "0.48.0", None])
+def test_apply_refuses_other_modelopt_versions(monkeypatch, installed):
+    monkeypatch.setattr(fix, "_installed_modelopt_version", lambda: installed)
+    with pytest.raises(fix.UnsupportedModeloptVersion) as err:
+        fix.apply()
+    msg = str(err.value)
+    assert "0.47.0" in msg and "Nothing was patched" in msg
+    assert (installed or "not installed") in msg
+
+
+@pytest.mark.skipif(_te_importable(), reason="Transformer Engine is importable here")
+def test_apply_without_transformer_engine_refuses_and_patches_nothing():
+    import modelopt.torch.quantization.plugins.custom as custom
+    import modelopt.torch.quantization.plugins.megatron as mp
+
+    with pytest.raises(fix.TransformerEngineMissing) as err:
+        fix.apply()
+    assert "Transformer Engine" in str(err.value) and "Nothing was patched" in str(err.value)
+    assert not getattr(mp.make_sharded_tensors_for_checkpoint, fx._MARK, False)
+    assert not getattr(custom._ParallelLinear.modelopt_post_restore, fx._MARK, False)
+    assert not getattr(mp._MegatronRowParallelLinear._get_shard_axis_dict, fx._MARK, False)
+
+
+# --- (a) replica-id rule, through megatron-core's own builder and validator ------------------------
+class _Group:
+    """Stands in for a torch ProcessGroup: megatron only asks rank() and size()."""
+
+    def __init__(self, rank: int, size: int):
+        self._rank, self._size = rank, size
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+
+def _expert_amax_entries(topo_id: str, rule: str, local_experts: int = 2, rows: int = 0):
+    """Per-expert amax ShardedTensors of every rank, built the way 0.47.0 builds them.
+
+    The call pattern is the one of ``_QuantMegatronTEGroupedLinear.sharded_state_dict``
+    (``make(expert_state, "", expert_axis, offsets)`` with no groups, key rewritten to the
+    global expert, replica_id[2] rewritten to the expert-DP rank). ``rule="fixed"`` runs it
+    inside the fix's scope with the expert groups; ``rule="0.47.0"`` gives it the dense groups
+    that megatron's parallel_state default would supply.
+    """
+    from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    from harness.ranks import rank_coords
+    from harness.topology import Topology
+
+    topo = Topology.parse(topo_id)
+    make = fx.wrap_make_sharded_tensors(make_sharded_tensors_for_checkpoint)
+    by_key, coords = defaultdict(list), {}
+    for c in rank_coords(topo):
+        coords[c.rank] = c
+        etp, edp = _Group(c.etp, topo.etp), _Group(c.edp, topo.edp)
+        dense_tp, dense_dp = _Group(c.tp, topo.tp), _Group(c.dp, topo.dp)
+        for i in range(local_experts):
+            key = f"{i}.weight_quantizer._amax"
+            value = torch.ones(rows) if rows else torch.ones(1)
+            axis = {key: 0} if rows else {}
+            if rule == "fixed":
+                with fx.expert_groups_scope(etp, edp):
+                    sd = make({key: value}, "", axis, ())
+            else:
+                sd = make({key: value}, "", axis, (), tp_group=dense_tp, dp_cp_group=dense_dp)
+            g = c.ep * local_experts + i
+            replace_prefix_for_sharding(sd, f"{i}.", f"pp{c.pp}.experts.{g}.linear_fc1.")
+            sh = sd[key]
+            sh.replica_id = (*sh.replica_id[:2], c.edp)
+            by_key[sh.key].append((c.rank, sh))
+    return topo, coords, by_key
+
+
+def _validation_errors(by_key):
+    from megatron.core.dist_checkpointing.validation import _validate_sharding_for_key
+
+    return [e for shards in by_key.values() for e in _validate_sharding_for_key(shards)]
+
+
+@pytest.fixture
+def dist_looks_initialized(monkeypatch):
+    # megatron's get_pg_rank/get_pg_size return 0/1 unless torch.distributed is initialized.
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+
+
+# findings.md: failing at 0.47.0 (2 ranks tp2/etp1/ep2 count 0; tp1/etp2/ep1 count 2; the
+# report's tp4/etp1/ep8) and passing ones (tp == etp; tp2/etp1/ep1 passes even at 0.47.0).
+@pytest.mark.parametrize(
+    "topo_id,fails_at_0_47_0",
+    [
+        ("tp2-etp1-ep2", True),
+        ("tp1-etp2-ep1", True),
+        ("tp4-etp1-ep8", True),
+        ("tp2-etp2-ep2", False),
+        ("tp2-etp1-ep1", False),
+        ("tp1-etp1-ep1", False),
+    ],
+)
+def test_per_expert_replica_id_uses_expert_groups(dist_looks_initialized, topo_id, fails_at_0_47_0):
+    topo, coords, by_key = _expert_amax_entries(topo_id, "fixed")
+    assert len(by_key) == topo.pp * topo.ep * 2  # every global expert of every stage, once
+    for shards in by_key.values():
+        mains = 0
+        for rank, sh in shards:
+            c = coords[rank]
+            assert sh.replica_id == (0, c.etp, c.edp)  # the rule of findings.md
+            assert sh.global_shape == (1,) and sh.global_offset == (0,)  # keys/shapes unchanged
+            mains += sh.replica_id == (0, 0, 0)
+        assert mains == 1
+    assert _validation_errors(by_key) == []  # megatron-core's own check
+
+    _, _, buggy = _expert_amax_entries(topo_id, "0.47.0")
+    assert bool(_validation_errors(buggy)) == fails_at_0_47_0  # the control reproduces the bug
+
+
+@pytest.mark.parametrize("topo_id", ["tp1-etp2-ep1", "tp2-etp1-ep2", "tp4-etp2-ep2"])
+def test_channel_amax_is_sharded_over_expert_tp(dist_looks_initialized, topo_id):
+    rows = 4
+    topo, coords, by_key = _expert_amax_entries(topo_id, "fixed", rows=rows)
+    for shards in by_key.values():
+        for rank, sh in shards:
+            c = coords[rank]
+            assert sh.global_shape == (rows * topo.etp,)  # ETP, not dense TP
+            assert sh.global_offset == (c.etp * rows,)
+            assert sh.replica_id == (0, 0, c.edp)
+    assert _validation_errors(by_key) == []
+
+
+def test_shared_and_foreign_calls_pass_through_unchanged():
+    calls = []
+
+    def make(state_dict, prefix, tensor_parallel_layers_axis_map=None, sharded_offsets=(),
+             extra_state_suffix="_extra_state", tp_group=None, dp_cp_group=None):
+        calls.append((sorted(state_dict), tp_group, dp_cp_group))
+        return {}
+
+    wrapped = fx.wrap_make_sharded_tensors(make)
+    etp, edp, mine = object(), object(), object()
+    with fx.expert_groups_scope(etp, edp):
+        wrapped({"input_quantizer._amax": 1}, "p.", {}, ())  # shared buffer: dense default
+        wrapped({}, "", {}, ())
+        wrapped({"0.weight_quantizer._amax": 1, "weight": 2}, "", {}, ())  # mixed: not ours
+        wrapped({"3.weight_quantizer._amax": 1}, "", {}, (), tp_group=mine)  # caller chose
+        wrapped({"3.weight_quantizer._amax": 1}, "", {}, ())  # per-expert: expert groups
+    wrapped({"3.weight_quantizer._amax": 1}, "", {}, ())  # outside a grouped linear
+    assert [c[1:] for c in calls] == [
+        (None, None), (None, None), (None, None), (mine, None), (etp, edp), (None, None)
+    ]
+
+
+# --- (b) post-restore keeps every expert's amax ------------------------------------------------------
+_N_EXPERTS = 4
+
+
+def _toy_quant_linear_cls():
+    """A registered toy linear whose weight quantizer is a per-expert GroupedQuantizer."""
+    import torch.nn as nn
+    from modelopt.torch.quantization.nn import GroupedQuantizer, QuantModuleRegistry, TensorQuantizer
+    from modelopt.torch.quantization.plugins.custom import _ParallelLinear
+
+    class ToyGroupedLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(8, 16))
+
+        def forward(self, x):
+            return x @ self.weight.T
+
+        # class-level hooks so torch emits/loads ``_extra_state`` (modelopt overrides per instance)
+        def get_extra_state(self):
+            return None
+
+        def set_extra_state(self, state):
+            pass
+
+    if ToyGroupedLinear not in QuantModuleRegistry:
+
+        @QuantModuleRegistry.register({ToyGroupedLinear: "moe_ckpt_fix_toy_grouped_linear"})
+        class _QuantToy(_ParallelLinear):
+            def _setup(self):
+                super()._setup()
+                self.weight_quantizer = GroupedQuantizer(
+                    *(TensorQuantizer() for _ in range(_N_EXPERTS))
+                )
+
+    return ToyGroupedLinear
+
+
+@pytest.fixture(scope="module")
+def toy_cls():
+    from harness.cpu_shims import apply_cpu_shims
+
+    apply_cpu_shims()  # modelopt's get_extra_state calls torch.cuda.synchronize()
+    return _toy_quant_linear_cls()
+
+
+def _toy(toy_cls, amax=None):
+    import modelopt.torch.quantization.plugins.megatron as mp
+    from modelopt.torch.opt.plugins.megatron import register_modelopt_extra_state_callbacks
+    from modelopt.torch.quantization.nn import QuantModuleRegistry
+
+    m = QuantModuleRegistry.convert(toy_cls())
+    if amax is not None:
+        for q, a in zip(m.weight_quantizer, amax):
+            q.amax = torch.tensor(a)
+    register_modelopt_extra_state_callbacks(
+        m, mp.quant_module_get_extra_state, mp.quant_module_set_extra_state
+    )
+    return m
+
+
+def _amaxes(m):
+    return [None if getattr(q, "_amax", None) is None else q._amax.item() for q in m.weight_quantizer]
+
+
+@pytest.fixture
+def fixed_post_restore(monkeypatch):
+    from modelopt.torch.quantization.plugins.custom import _ParallelLinear
+
+    monkeypatch.setattr(
+        _ParallelLinear, "modelopt_post_restore",
+        fx.wrap_post_restore(_ParallelLinear.modelopt_post_restore),
+    )
+
+
+def test_load_state_dict_drops_expert_amax_without_fix(toy_cls):
+    """Control: the second bug of findings.md, reproduced with modelopt's real code on CPU."""
+    sd = _toy(toy_cls, [1.0, 2.0, 3.0, 4.0]).state_dict()
+    dst = _toy(toy_cls, [9.0] * _N_EXPERTS)
+    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\).*weight_quantizer\.1\._amax"):
+        dst.load_state_dict(sd, strict=True)
+    dst = _toy(toy_cls, [9.0] * _N_EXPERTS)
+    dst.load_state_dict(sd, strict=False)
+    assert _amaxes(dst)[1:] == [None] * (_N_EXPERTS - 1)
+
+
+def test_load_state_dict_keeps_every_expert_amax(toy_cls, fixed_post_restore):
+    src = [1.0, 2.0, 3.0, 4.0]
+    sd = _toy(toy_cls, src).state_dict()
+    dst = _toy(toy_cls, [9.0] * _N_EXPERTS)
+    result = dst.load_state_dict(sd, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert _amaxes(dst) == src
+
+
+def test_two_pass_resume_keeps_every_expert_amax(toy_cls, fixed_post_restore):
+    """Megatron resume: first load carries only ``_extra_state`` into a model without buffers
+    (restore_quantizer_state skips torch-dist), the next sharded_state_dict must then ask for
+    every expert's amax, and the second load fills it."""
+    src = [1.0, 2.0, 3.0, 4.0]
+    full = _toy(toy_cls, src).state_dict()
+    dst = _toy(toy_cls)
+    assert _amaxes(dst) == [None] * _N_EXPERTS
+    dst.load_state_dict({"_extra_state": full["_extra_state"]}, strict=False)
+    wanted = {k for k in dst.state_dict() if k.startswith("weight_quantizer.")}
+    assert wanted == {f"weight_quantizer.{i}._amax" for i in range(_N_EXPERTS)}
+    dst.load_state_dict({k: v for k, v in full.items() if k != "_extra_state"}, strict=False)
+    assert _amaxes(dst) == src
+
+
+# --- (c) row-parallel shard axis ---------------------------------------------------------------------
+def test_row_shard_axis_covers_every_expert():
+    import torch.nn as nn
+    import modelopt.torch.quantization.plugins.megatron as mp
+    from modelopt.torch.quantization.nn import GroupedQuantizer, TensorQuantizer
+
+    holder = nn.Module()
+    holder.weight_quantizer = GroupedQuantizer(*(TensorQuantizer() for _ in range(_N_EXPERTS)))
+    for q in holder.weight_quantizer:
+        q.axis = (0,)  # static block amax: row-parallel shards it along dim 1
+    keys = [f"weight_quantizer.{i}._amax" for i in range(_N_EXPERTS)]
+    keys += ["weight_quantizer.2._global_amax", "input_quantizer._pre_quant_scale"]
+    state = dict.fromkeys(keys)
+
+    fixed = fx.row_parallel_shard_axis_dict(holder, state)
+    assert fixed == {**{f"weight_quantizer.{i}._amax": 1 for i in range(_N_EXPERTS)},
+                     "input_quantizer._pre_quant_scale": 0}
+    original = mp._MegatronRowParallelLinear._get_shard_axis_dict(holder, state)
+    if not getattr(mp._MegatronRowParallelLinear._get_shard_axis_dict, fx._MARK, False):
+        assert "weight_quantizer.2._amax" not in original  # the latent bug, as shipped
+    assert {k: v for k, v in fixed.items() if k in original} == original  # .0/.1 unchanged
+
+    for q in holder.weight_quantizer:
+        q.axis = None  # dynamic/per-tensor: nothing sharded
+    assert fx.row_parallel_shard_axis_dict(holder, state) == {"input_quantizer._pre_quant_scale": 0}
+
+
+# --- the environment route ---------------------------------------------------------------------------
+def test_autoload_chains_other_sitecustomize_and_arms_lazily(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITECUSTOMIZE'] = 'ran'\n")
+    probe = (
+        "import os, sys\n"
+        "print(os.environ.get('OTHER_SITECUSTOMIZE'))\n"
+        "print([type(f).__name__ for f in sys.meta_path][0])\n"
+        "print('modelopt' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{AUTOLOAD}{os.pathsep}{other}", "MOE_CKPT_FIX": "1"}
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == ["ran", "_ApplyAfterImport", "False False"]
+
+    env["MOE_CKPT_FIX"] = "0"
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ran, first_finder = r.stdout.split("\n")[:2]
+    assert ran == "ran" and first_finder != "_ApplyAfterImport"  # off: chains, arms nothing
+
+
+@pytest.mark.skipif(_te_importable(), reason="Transformer Engine is importable here")
+def test_autoload_refusal_stops_the_importing_process():
+    """modelopt swallows exceptions raised while importing its plugins; the refusal must not."""
+    env = {**os.environ, "PYTHONPATH": str(AUTOLOAD), "MOE_CKPT_FIX": "1"}
+    r = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", "import modelopt.torch.quantization"],
+        env=env, capture_output=True, text=True, cwd="/",
+    )
+    assert r.returncode != 0
+    assert "TransformerEngineMissing" in r.stderr
