@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-PREFIX = "decoder.layers.0.mlp.experts.linear_fc1."
 
 
 def _validate(sharded_sd) -> str | None:
@@ -47,6 +46,8 @@ def expert_amax_entries(rule: str, num_local: int) -> dict:
 
     ep_rank = ps.get_expert_model_parallel_rank()
     edp_group = ps.get_expert_data_parallel_group()
+    layer = ps.get_pipeline_model_parallel_rank()  # each pipeline stage owns its own layers
+    prefix = f"decoder.layers.{layer}.mlp.experts."
     out = {}
     for i in range(num_local):
         g = ep_rank * num_local + i
@@ -60,8 +61,8 @@ def expert_amax_entries(rule: str, num_local: int) -> dict:
                 state, "", {}, (),
                 tp_group=ps.get_expert_tensor_parallel_group(), dp_cp_group=edp_group,
             )
-        replace_prefix_for_sharding(sub, f"{i}.", f"decoder.layers.0.mlp.experts.experts.{g}.linear_fc1.")
-        out.update({f"{PREFIX}weight_quantizer.{i}._amax": sh for sh in sub.values()})
+        replace_prefix_for_sharding(sub, f"{i}.", f"{prefix}experts.{g}.linear_fc1.")
+        out.update({f"{prefix}linear_fc1.weight_quantizer.{i}._amax": sh for sh in sub.values()})
     return out
 
 
