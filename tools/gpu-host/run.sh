@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Development runs on a lent GPU host (see README "GPU host"). Assumes the wheelhouse is
+# installed under /root/site (shared/gpu-wheelhouse). Usage: run.sh <what> ; results -> $OUT.
+#   smoke      a few witness + fix cells, the TE unit test, two metadata recordings
+#   witness    the full unpatched grid (gpu-shared)
+#   fix        the full patched grid (gpu-shared) + world-1 on tier gpu
+#   record     metadata recordings for tests/data/recorded (buggy and patched)
+#   repro      make repro (timed)
+set -uo pipefail
+source /root/gw/base/env.sh
+export HARNESS_PYTHON=system PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+R=results
+H="python3 -m harness --results-root $R"
+case "$1" in
+  smoke)
+    python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tail -25
+    $H run --label smoke --jobs 5 --scenario gpu-witness --scenario gpu-fix \
+      --cells 'gpu-witness[save=tp2-etp1-ep2-pp1,save-only]' \
+      --cells 'gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' \
+      --cells 'gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp1-ep1-pp1]' \
+      --cells 'gpu-fix[save=tp2-etp1-ep2-pp1,load=tp1-etp2-ep1-pp1]' \
+      --cells 'gpu-fix[save=tp4-etp1-ep8-pp1,load=tp2-etp2-ep4-pp1]' \
+      --scenario gpu-world1 --cells 'gpu-world1*' ;;
+  witness) $H run --label witness --jobs 6 --scenario gpu-witness ;;
+  fix) $H run --label fix --jobs 6 --scenario gpu-fix --scenario gpu-world1 ;;
+  record)
+    for t in tp2-etp1-ep2 tp1-etp2-ep1 tp4-etp1-ep8 tp1-etp1-ep8 tp2-etp2-ep4 tp2-etp1-ep1; do
+      for p in none fix; do
+        $H dump-metadata --topology $t --patch $p --out tests/data/recorded/$t-$p.json &
+      done
+    done; wait
+    tar czf "$OUT/recorded.tgz" tests/data/recorded ;;
+  repro) /usr/bin/time -f "repro wall %e s" make repro ;;
+esac
+tar czf "$OUT/results-$1.tgz" --exclude='*/ckpt' --exclude='*/reference' $R 2>/dev/null
+ls -la "$OUT"
