@@ -27,7 +27,9 @@ def select_cells(scenarios, patterns: list[str] | None = None) -> list:
     cells = [c for s in scenarios for c in s.cells()]
     if not patterns:
         return cells
-    chosen = [c for c in cells if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
+    # Cell ids contain brackets: they are literal here, only * and ? are wildcards.
+    globs = [p.replace("[", "\0").replace("]", "[]]").replace("\0", "[[]") for p in patterns]
+    chosen = [c for c in cells if any(fnmatch.fnmatchcase(c.id, g) for g in globs)]
     # A chosen load needs its save: keep the save-only cell of every save a chosen cell uses.
     needed = {(c.scenario.name, c.save_id) for c in chosen}
     return [c for c in cells if c in chosen
