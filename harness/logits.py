@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .model import ModelSize, sample_batch
+from .model import ModelSize, forward, sample_batch
 from .quant import quantizers_bypassed
 
 PROBE_SEED = 7
@@ -24,12 +24,11 @@ def probe_logits(model, size: ModelSize, tier: str, device) -> torch.Tensor | No
     from megatron.core import parallel_state as ps
 
     batch = sample_batch(size, PROBE_SEED, device)
-    with torch.no_grad():
-        if tier == "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
-            with quantizers_bypassed(model):
-                local = model(**batch)
-        else:
-            local = model(**batch)
+    if tier == "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
+        with quantizers_bypassed(model):
+            local = forward(model, batch)
+    else:
+        local = forward(model, batch)
     group = ps.get_tensor_model_parallel_group()
     parts = [torch.empty_like(local) for _ in range(ps.get_tensor_model_parallel_world_size())]
     torch.distributed.all_gather(parts, local.contiguous(), group=group)

@@ -123,3 +123,13 @@ def sample_batch(size: ModelSize, seed: int, device) -> dict:
         "position_ids": position_ids.to(device),
         "attention_mask": mask.to(device),
     }
+
+
+def forward(model, batch: dict) -> torch.Tensor:
+    """Eval forward without grad; on GPU under bf16 autocast, the role Megatron's Float16Module
+    plays in training (TE modules refuse fp32 activations next to bf16 parameters)."""
+    with torch.no_grad():
+        if torch.cuda.is_available():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return model(**batch)
+        return model(**batch)

@@ -5,7 +5,7 @@ import contextlib
 
 import torch
 
-from .model import ModelSize, sample_batch
+from .model import ModelSize, forward, sample_batch
 
 CALIBRATION_BATCHES = 3
 CALIBRATION_SEED = 100
@@ -16,9 +16,8 @@ def quantize_nvfp4(model, size: ModelSize, device) -> None:
     import modelopt.torch.quantization as mtq
 
     def forward_loop(m):
-        with torch.no_grad():
-            for i in range(CALIBRATION_BATCHES):
-                m(**sample_batch(size, CALIBRATION_SEED + i, device))
+        for i in range(CALIBRATION_BATCHES):
+            forward(m, sample_batch(size, CALIBRATION_SEED + i, device))
 
     mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, forward_loop)
 

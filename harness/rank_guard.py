@@ -1,0 +1,160 @@
+"""Rank-side guard: one rank of a stage reports success or its first error, then leaves at once.
+
+Why: when one rank raises, its peers are blocked in the next collective. A rank that calls
+``destroy_process_group`` there can hang forever, and torch elastic stamps ranks without an
+error file with the time it parsed them, so the real cause gets lost. The guard writes an
+elastic-style error file with the time of the exception, aborts the process group, and
+``os._exit(1)``s, so the controller sees the first failure and tears the job down in bounded time.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, NoReturn
+
+STACK_DUMP_LEAD_S = 5.0  # dump stacks this long before the controller's hard limit
+
+
+def pg_timeout_s() -> float:
+    """Process-group timeout the controller chose (seconds, default 60)."""
+    return float(os.environ.get("HARNESS_PG_TIMEOUT_S", "60"))
+
+
+def nccl_env(trace_buffer: int = 2000) -> dict[str, str]:
+    """NCCL settings that turn a stuck collective into an error plus a flight-recorder dump."""
+    import torch
+
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    # torch 2.13 renamed the flight-recorder size (and warns on the old name in every rank log)
+    buf = "TORCH_FR_BUFFER_SIZE" if (major, minor) >= (2, 13) else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    return {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # on error/timeout: abort comms, skip CUDA cleanup
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        buf: str(trace_buffer),
+    }
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _stage_dir() -> Path:
+    return Path(os.environ.get("HARNESS_STAGE_DIR", "."))
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write tmp then rename, so the controller never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _redirect_output(log: Path) -> None:
+    """Point fds 1 and 2 at the rank log, so C++ output (gloo, NCCL, faulthandler) lands there too."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _arm_stack_dumps(rank: int) -> None:
+    """SIGUSR1 and SIGTERM -> stack dump; also dump shortly before the controller's hard limit.
+
+    The file starts with ``pid <n>``: its existence tells the controller the handler is in
+    place (SIGUSR1 would otherwise kill the rank) and which pid to signal.
+    """
+    path = _stage_dir() / "stacks" / f"rank{rank}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "w", buffering=1)  # kept open for the life of the process
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+    # torchrun's teardown SIGTERM: dump where we were, then die by SIGTERM as before (chain)
+    faulthandler.register(signal.SIGTERM, file=f, all_threads=True, chain=True)
+    limit = os.environ.get("HARNESS_STAGE_TIMEOUT_S")
+    if limit:
+        faulthandler.dump_traceback_later(
+            max(1.0, float(limit) - STACK_DUMP_LEAD_S), repeat=False, file=f
+        )
+    _arm_stack_dumps.file = f  # keep a reference so it is not closed
+
+
+def abort_process_group() -> None:
+    """Abort (never destroy) every process group: peers may sit in a collective."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        from torch.distributed import distributed_c10d as c10d
+
+        c10d._abort_process_group()  # torch 2.13 has no public abort; this aborts all groups
+    except Exception as e:  # noqa: BLE001 - we exit right after; just leave a trace
+        print(f"[rank_guard] abort failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def error_record(stage: str, rank: int, exc: BaseException) -> dict:
+    t = type(exc)
+    return {
+        "rank": rank,
+        "stage": stage,
+        "time": time.time(),
+        "exc_type": f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "pid": os.getpid(),
+    }
+
+
+def rank_main(stage: str, body: Callable[[], dict]) -> NoReturn:
+    """Run one rank's stage body under the guard; never returns."""
+    rank = _rank()
+    sd = _stage_dir()
+    _redirect_output(sd / "logs" / f"rank{rank}.log")
+    _arm_stack_dumps(rank)
+    for k, v in nccl_env().items():  # harmless on gloo; read when an NCCL group is built
+        os.environ.setdefault(k, v)
+    try:
+        result = body()
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt count as failures too
+        rec = error_record(stage, rank, exc)
+        try:
+            write_json_atomic(sd / "errors" / f"rank{rank}.json", rec)
+        finally:
+            print(rec["traceback"], file=sys.stderr, flush=True)
+            abort_process_group()
+            os._exit(1)
+    try:
+        write_json_atomic(sd / "ranks" / f"rank{rank}.json", dict(result or {}))
+        _destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - a failing teardown is still this rank's error
+        rec = error_record(stage, rank, exc)
+        write_json_atomic(sd / "errors" / f"rank{rank}.json", rec)
+        print(rec["traceback"], file=sys.stderr, flush=True)
+        abort_process_group()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,138 @@
+"""Classifier unit tests on the exact texts seen in findings.md / bug-report.md and torchrun logs."""
+import pytest
+
+from harness import failures as F
+
+pytestmark = pytest.mark.cpu
+
+KEY = "decoder.layers.0.mlp.experts.experts.2.linear_fc1.weight_quantizer._amax"
+CKPT_MSG = (
+    "Invalid sharding pattern validation.\nInvalid access pattern for ShardedTensor("
+    f"key='{KEY}', dtype=torch.bfloat16, local_shape=(1,), global_shape=(1,), global_offset=(0,), "
+    "axis_fragmentations=(1,), replica_id=(0, 1, 0), prepend_axis_num=0, allow_shape_mismatch=False, "
+    "flattened_range=None): tensor([0], dtype=torch.int32)"
+)
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:41897. This is typically caused by a remote worker crashing."
+)
+NCCL_REMOTE = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, remote process exited "
+    "or there was a network error, NCCL version 2.27.3\nncclRemoteError: remote process exited prematurely"
+)
+GLOO_TIMEOUT = "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete"
+
+ELASTIC_BLOCK = """\
+============================================================
+tests.rank_programs.collectives FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-02_11:52:14
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 7707)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 7707
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_11:52:14
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 7708)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 7708
+============================================================
+"""
+
+
+def err(rank, msg, t, exc="RuntimeError"):
+    return {"rank": rank, "stage": "save", "time": t, "exc_type": exc, "message": msg, "traceback": "", "pid": 1}
+
+
+@pytest.mark.parametrize("text", [GLOO_CLOSED, NCCL_REMOTE, GLOO_TIMEOUT, "ncclRemoteError: remote process exited prematurely",
+                                  "Read error [127.0.0.1]:9088: Connection reset by peer", "Broken pipe",
+                                  "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE)"])
+def test_secondary_texts(text):
+    assert F.secondary_reason(text) is not None
+
+
+def test_primary_texts():
+    assert F.secondary_reason(CKPT_MSG, "megatron.core.dist_checkpointing.core.CheckpointingException") is None
+    assert F.secondary_reason("injected failure at before_save on rank 1", "RuntimeError") is None
+    assert F.secondary_reason("anything", "torch.distributed.DistBackendError") == "dist-error-type"
+
+
+def test_failing_key():
+    assert F.failing_key(CKPT_MSG) == KEY
+    assert F.failing_key("no key here") is None
+
+
+def test_checkpointing_exception_on_rank0_is_cause_even_when_later():
+    """The report's shape: rank 0 raises, rank 1 sees gloo/NCCL fallout (even stamped earlier)."""
+    errors = [err(1, GLOO_CLOSED, 100.0), err(0, CKPT_MSG, 100.5, "megatron.core.dist_checkpointing.core.CheckpointingException"),
+              err(2, NCCL_REMOTE, 100.7)]
+    cause, sec = F.classify("save", errors, [])
+    assert (cause.rank, cause.kind, cause.key, cause.secondary) == (0, "exception", KEY, False)
+    assert cause.exc_type.endswith("CheckpointingException")
+    assert [s.rank for s in sec] == [1, 2] and all(s.secondary for s in sec)
+
+
+def test_earliest_primary_wins():
+    cause, sec = F.classify("load", [err(3, "boom B", 5.0), err(2, "boom A", 4.0)], [])
+    assert cause.rank == 2 and sec[0].rank == 3 and sec[0].secondary
+
+
+def test_elastic_block_parsing():
+    assert F.parse_elastic_failures(ELASTIC_BLOCK) == {0: (-15, 7707), 1: (-9, 7708)}
+    log = "W... api.py:1028] Sending process 7707 closing signal SIGTERM\n"
+    assert F.parse_elastic_signalled(log) == {7707}
+
+
+def test_unsent_sigkill_is_cause_torchrun_sigterm_is_not():
+    exits = [F.RankExit(rank=0, pid=7707, exitcode=-15, died_at=10.2, signalled=True),
+             F.RankExit(rank=1, pid=7708, exitcode=-9, died_at=10.1)]
+    cause, sec = F.classify("save", [err(2, GLOO_CLOSED, 10.15)], exits)
+    assert (cause.rank, cause.kind, cause.exc_type) == (1, "signal", "SIGKILL")
+    assert {s.rank for s in sec} == {0, 2}
+
+
+def test_sigabrt_from_cpp_terminate_names_the_what():
+    tail = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+            "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 516 vs 8. "
+            "Received data size doesn't match expected size. Is there a distributed collective mismatch in your code?\n")
+    cause, _ = F.classify("save", [], [F.RankExit(rank=0, pid=5, exitcode=-6, died_at=1.0, log_tail=tail)])
+    assert cause.kind == "signal" and cause.exc_type == "gloo::EnforceNotMet" and "mismatch" in cause.message
+
+
+def test_hang_is_the_rank_outside_any_collective():
+    in_coll = 'File "/x/torch/distributed/distributed_c10d.py", line 3252 in all_reduce'
+    outside = 'File "/work/main/harness/inject.py", line 77 in _fire'
+    exits = [F.RankExit(rank=1, pid=9, exitcode=-15, died_at=20.0, signalled=True, stack=outside),
+             F.RankExit(rank=3, pid=8, exitcode=-15, died_at=20.0, signalled=True, stack=in_coll)]
+    cause, sec = F.classify("save", [err(0, GLOO_TIMEOUT, 19.9), err(2, GLOO_TIMEOUT, 19.95)], exits)
+    assert (cause.rank, cause.kind) == (1, "hang")
+    assert cause.time == 19.9
+    assert {s.rank for s in sec} == {0, 2, 3}
+
+
+def test_timeout_without_errors():
+    exits = [F.RankExit(rank=r, stack='torch/distributed/distributed_c10d.py' if r != 2 else 'time.sleep') for r in range(4)]
+    cause, sec = F.classify("load", [], exits, timed_out=True)
+    assert (cause.rank, cause.kind) == (2, "timeout") and len(sec) == 3
+
+
+def test_no_failures():
+    assert F.classify("save", [], []) == (None, [])
+
+
+def test_all_timed_out_odd_call_site_is_the_mismatch():
+    def tb(line):
+        return (f'  File "/work/main/tests/prog.py", line {line}, in body\n'
+                '  File "/v/torch/distributed/distributed_c10d.py", line 3252, in all_reduce\n')
+    errors = [err(r, GLOO_TIMEOUT, 10.0 + r) for r in range(4)]
+    for e in errors:
+        e["traceback"] = tb(26 if e["rank"] else 91)
+    cause, sec = F.classify("save", errors, [])
+    assert cause.rank == 0 and "collective mismatch" in cause.message and len(sec) == 3
