@@ -54,20 +54,35 @@ def save_reference(sharded_sd, reference_dir: Path, rank: int) -> int:
     return len(shards)
 
 
-def load_reference(reference_dir: Path) -> dict[str, torch.Tensor]:
-    """Global tensors assembled from every saved rank's shards."""
+def load_reference(reference_dir: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Global tensors assembled from every saved rank's shards, main replicas winning, and the
+    keys whose replicas held DIFFERENT values in the saved model (a checkpoint keeps one of them,
+    so such state cannot survive any reload exactly)."""
     files = sorted(reference_dir.glob("shards_rank*.pt"))
     if not files:
         raise FileNotFoundError(f"no reference shards in {reference_dir}; did the save stage run?")
+    shards = [s for f in files for s in torch.load(f, weights_only=False)]
+    shards.sort(key=lambda s: not _is_main(s["replica_id"]))  # main replicas first
     full: dict[str, torch.Tensor] = {}
-    for f in files:
-        for s in torch.load(f, weights_only=False):
-            t = full.get(s["key"])
-            if t is None:
-                t = full[s["key"]] = torch.empty(s["global_shape"], dtype=s["data"].dtype)
-            idx = tuple(slice(o, o + n) for o, n in zip(s["global_offset"], s["local_shape"]))
-            t[idx] = s["data"]
-    return full
+    filled: dict[str, torch.Tensor] = {}
+    disagree: set[str] = set()
+    for s in shards:
+        key = s["key"]
+        if key not in full:
+            full[key] = torch.empty(s["global_shape"], dtype=s["data"].dtype)
+            filled[key] = torch.zeros(s["global_shape"], dtype=torch.bool)
+        idx = tuple(slice(o, o + n) for o, n in zip(s["global_offset"], s["local_shape"]))
+        if filled[key][idx].all():
+            if not torch.equal(full[key][idx], s["data"]):
+                disagree.add(key)
+            continue
+        full[key][idx] = s["data"]
+        filled[key][idx] = True
+    return full, sorted(disagree)
+
+
+def _is_main(replica_id) -> bool:
+    return replica_id == 0 or (isinstance(replica_id, tuple) and all(r == 0 for r in replica_id))
 
 
 @dataclass

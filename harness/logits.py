@@ -36,13 +36,21 @@ def probe_logits(model, size: ModelSize, tier: str, device) -> torch.Tensor | No
     return torch.cat(parts, dim=-1).float().cpu() if owner else None
 
 
-def save_probe(logits: torch.Tensor, reference_dir: Path) -> None:
-    torch.save(logits, reference_dir / "logits.pt")
+def save_probe(logits: torch.Tensor, reference_dir: Path, which: str) -> None:
+    """``which``: "saved_model" (before saving) or "checkpoint" (reloaded at the save topology)."""
+    torch.save(logits, reference_dir / f"logits_{which}.pt")
+
+
+def _rel_diff(logits: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    diff = (logits - ref).abs().max().item()
+    return diff, diff / max(ref.abs().max().item(), 1e-12)
 
 
 def compare_probe(logits: torch.Tensor, reference_dir: Path, tier: str) -> dict:
-    ref = torch.load(reference_dir / "logits.pt")
-    diff = (logits - ref).abs().max().item()
-    rel = diff / max(ref.abs().max().item(), 1e-12)
+    """Asserted: against the checkpoint's logits at the save topology. Reported: against the
+    model as it was before saving (differs where its replicas disagreed)."""
+    diff, rel = _rel_diff(logits, torch.load(reference_dir / "logits_checkpoint.pt"))
+    _, rel_saved = _rel_diff(logits, torch.load(reference_dir / "logits_saved_model.pt"))
     return {"logits_max_abs_diff": diff, "logits_rel_diff": rel,
+            "logits_rel_diff_vs_saved_model": rel_saved,
             "logits_tolerance": TOLERANCE[tier], "logits_ok": rel <= TOLERANCE[tier]}

@@ -168,7 +168,9 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
         return _finish(rec, cell, run_dir)
     rec.verify = _rank0(load).get("verify", {})
     problems = _verify_problems(rec.verify, s.known_gaps)
-    if rec.expected in ("fail-load", "fail-save"):
+    if rec.expected == "amax-lost":
+        _judge_amax_lost(rec, s.known_gaps, problems)
+    elif rec.expected in ("fail-load", "fail-save"):
         rec.outcome, rec.reason = "unexpected-pass", bug_gone_message(cell)
     elif problems:
         rec.outcome, rec.failed_stage = "unexpected-failure", "verify"
@@ -176,6 +178,26 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     else:
         rec.outcome = "pass"
     return _finish(rec, cell, run_dir)
+
+
+def _judge_amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
+    """The second bug is reproduced when exactly per-expert weight-quantizer amax went missing."""
+    from .compare import is_expert_amax
+
+    missing = [k for k in rec.verify.get("missing_keys", [])
+               if not any(g.matches(k) for g in known_gaps)]
+    rec.failing_key = missing[0] if missing else None
+    if missing and all(is_expert_amax(k) for k in missing) and not rec.verify.get("mismatch_count"):
+        rec.outcome, rec.failed_stage = "bug-reproduced", "verify"
+        rec.message = (f"{len(missing)} per-expert weight_quantizer amax absent after "
+                       "load_state_dict (post-restore re-calibration through expert 0)")
+    elif not problems:
+        rec.outcome = "unexpected-pass"
+        rec.reason = ("expected per-expert amax to be lost after load_state_dict (second bug) "
+                      "but every amax survived: that bug is gone in this modelopt")
+    else:
+        rec.outcome, rec.failed_stage = "unexpected-failure", "verify"
+        rec.message = "; ".join(problems)
 
 
 def bug_gone_message(cell: Cell) -> str:

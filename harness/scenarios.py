@@ -79,7 +79,13 @@ class Cell:
 
     @property
     def expected(self) -> str:
-        """pass | fail-save | fail-load, from the scenario's expectation mode."""
+        """pass | fail-save | fail-load | amax-lost, from the scenario's expectation mode.
+
+        ``oracle``: the collision rule (harness/oracle.py) for the save, then the load topology;
+        then, unpatched on TEGroupedMLP, the second bug (findings.md): ``load_state_dict``
+        re-calibrates through expert 0 only, so every other local expert's weight-quantizer
+        amax is gone after the load whenever a load rank holds more than one expert.
+        """
         s = self.scenario
         if s.expect == "pass":
             return "pass"
@@ -88,6 +94,9 @@ class Cell:
             return "fail-save"
         if self.load and oracle.predicts_failure(self.load, rule):
             return "fail-load"
+        if (self.load and s.patch == "none" and s.backend == "te"
+                and s.size.num_experts // self.load.ep > 1):
+            return "amax-lost"
         return "pass"
 
     @property

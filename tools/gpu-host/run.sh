@@ -3,7 +3,7 @@
 # installed under /root/site (shared/gpu-wheelhouse). Usage: run.sh <what> ; results -> $OUT.
 #   smoke      a few witness + fix cells, the TE unit test, two metadata recordings
 #   witness    the full unpatched grid (gpu-shared)
-#   fix        the full patched grid (gpu-shared) + world-1 on tier gpu
+#   fix1, fix2 the patched grid (gpu-shared) in two halves (one call each) + world-1 on tier gpu
 #   record     metadata recordings for tests/data/recorded (buggy and patched)
 #   repro      make repro (timed)
 set -uo pipefail
@@ -23,13 +23,15 @@ case "$1" in
       --cells 'gpu-fix[save=tp4-etp1-ep8-pp1,load=tp2-etp2-ep4-pp1]' \
       --scenario gpu-world1 --cells 'gpu-world1*' ;;
   witness) $H run --label witness --jobs 6 --scenario gpu-witness ;;
-  fix) $H run --label fix --jobs 6 --scenario gpu-fix --scenario gpu-world1 ;;
-  record)
+  fix1) $H run --label fix1 --jobs 6 --scenario gpu-fix \
+      --cells '*save=tp2-etp1-ep2-pp1*' --cells '*save=tp4-etp1-ep8-pp1*' ;;
+  fix2) $H run --label fix2 --jobs 6 --scenario gpu-fix --scenario gpu-world1 \
+      --cells '*save=tp1-etp1-ep8-pp1*' --cells '*save=tp2-etp2-ep4-pp1*' --cells 'gpu-world1*' ;;
+  record)  # buggy and patched metadata of 6 topologies, 4 dumps at a time
     for t in tp2-etp1-ep2 tp1-etp2-ep1 tp4-etp1-ep8 tp1-etp1-ep8 tp2-etp2-ep4 tp2-etp1-ep1; do
-      for p in none fix; do
-        $H dump-metadata --topology $t --patch $p --out tests/data/recorded/$t-$p.json &
-      done
-    done; wait
+      for p in none fix; do echo "$t $p"; done
+    done | xargs -P 4 -L 1 bash -c \
+      "$H dump-metadata --topology \$0 --patch \$1 --out tests/data/recorded/\$0-\$1.json | tail -3"
     tar czf "$OUT/recorded.tgz" tests/data/recorded ;;
   repro) /usr/bin/time -f "repro wall %e s" make repro ;;
 esac
