@@ -1,8 +1,14 @@
 """Eval-mode logits of the seeded probe batch, gathered over tensor parallelism.
 
-Compared between the saved model and the model reloaded under another topology. Pipeline
-parallel forward needs a schedule; cells with pp > 1 on either side skip the logits check and
-say so (their weights and quantizer state are still compared bit for bit).
+Two forward passes per model: ``plain`` with every quantizer bypassed (the stored weights in
+bf16/fp32) and, on GPUs, ``nvfp4`` with ModelOpt's fake quantization on. Only ``plain`` is
+asserted: NVFP4 rounds activations to 8 levels per 16-value block, so the bf16 reduction-order
+noise of a different TP/EP split flips whole quantization steps and the difference says nothing
+about the checkpoint (measured on an H200: 0.19-0.43 relative max-abs between topologies with
+every tensor and amax bit-exact, 0.0 at the same topology). The quantizer state itself is
+compared bit for bit elsewhere; ``nvfp4`` figures are reported.
+
+Pipeline-parallel forward needs a schedule; cells with pp > 1 on either side skip logits.
 """
 from __future__ import annotations
 
@@ -14,43 +20,52 @@ from .model import ModelSize, forward, sample_batch
 from .quant import quantizers_bypassed
 
 PROBE_SEED = 7
-# Relative max-abs tolerance: fp32 on cpu (quantizers bypassed), bf16 + NVFP4 fake quant on GPU
-# where a different TP split changes reduction order.
+# Relative max-abs tolerance of the asserted ``plain`` logits: fp32 on the cpu tier, bf16 on GPUs.
 TOLERANCE = {"cpu": 1e-4, "gpu-shared": 5e-2, "gpu": 5e-2}
 
 
-def probe_logits(model, size: ModelSize, tier: str, device) -> torch.Tensor | None:
-    """Full-vocab logits on the rank that owns them (tp 0, dp 0, last stage), else None."""
+def _gather_tp(local: torch.Tensor) -> torch.Tensor | None:
     from megatron.core import parallel_state as ps
 
-    batch = sample_batch(size, PROBE_SEED, device)
-    if tier == "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
-        with quantizers_bypassed(model):
-            local = forward(model, batch)
-    else:
-        local = forward(model, batch)
-    group = ps.get_tensor_model_parallel_group()
     parts = [torch.empty_like(local) for _ in range(ps.get_tensor_model_parallel_world_size())]
-    torch.distributed.all_gather(parts, local.contiguous(), group=group)
+    torch.distributed.all_gather(parts, local.contiguous(), group=ps.get_tensor_model_parallel_group())
     owner = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     return torch.cat(parts, dim=-1).float().cpu() if owner else None
 
 
-def save_probe(logits: torch.Tensor, reference_dir: Path, which: str) -> None:
+def probe_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch.Tensor] | None:
+    """{"plain": ..., "nvfp4": ...} on the rank that owns full logits (tp 0, dp 0), else None."""
+    batch = sample_batch(size, PROBE_SEED, device)
+    with quantizers_bypassed(model):
+        out = {"plain": _gather_tp(forward(model, batch))}
+    if tier != "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
+        out["nvfp4"] = _gather_tp(forward(model, batch))
+    return out if out["plain"] is not None else None
+
+
+def save_probe(logits: dict, reference_dir: Path, which: str) -> None:
     """``which``: "saved_model" (before saving) or "checkpoint" (reloaded at the save topology)."""
     torch.save(logits, reference_dir / f"logits_{which}.pt")
 
 
-def _rel_diff(logits: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    diff = (logits - ref).abs().max().item()
-    return diff, diff / max(ref.abs().max().item(), 1e-12)
+def _figures(got: torch.Tensor, ref: torch.Tensor) -> dict:
+    diff = (got - ref).abs()
+    return {
+        "max_abs_diff": diff.max().item(),
+        "rel_diff": diff.max().item() / max(ref.abs().max().item(), 1e-12),
+        "rel_rms": (diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-12)).item(),
+        "top1_agreement": (got.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+    }
 
 
-def compare_probe(logits: torch.Tensor, reference_dir: Path, tier: str) -> dict:
-    """Asserted: against the checkpoint's logits at the save topology. Reported: against the
-    model as it was before saving (differs where its replicas disagreed)."""
-    diff, rel = _rel_diff(logits, torch.load(reference_dir / "logits_checkpoint.pt"))
-    _, rel_saved = _rel_diff(logits, torch.load(reference_dir / "logits_saved_model.pt"))
-    return {"logits_max_abs_diff": diff, "logits_rel_diff": rel,
-            "logits_rel_diff_vs_saved_model": rel_saved,
-            "logits_tolerance": TOLERANCE[tier], "logits_ok": rel <= TOLERANCE[tier]}
+def compare_probe(logits: dict, reference_dir: Path, tier: str) -> dict:
+    """Against the checkpoint's logits at the save topology (asserted for ``plain``), and the
+    plain logits of the model as it was before saving (reported)."""
+    ref = torch.load(reference_dir / "logits_checkpoint.pt")
+    saved = torch.load(reference_dir / "logits_saved_model.pt")
+    out = {f"logits_{mode}": _figures(logits[mode], ref[mode]) for mode in logits if mode in ref}
+    plain = out["logits_plain"]
+    out["logits_plain_vs_saved_model_rel_diff"] = _figures(logits["plain"], saved["plain"])["rel_diff"]
+    out.update(logits_rel_diff=plain["rel_diff"], logits_tolerance=TOLERANCE[tier],
+               logits_ok=plain["rel_diff"] <= TOLERANCE[tier])
+    return out
