@@ -62,6 +62,30 @@ def cmd_dump(args) -> int:
                          Path(args.results_root))
 
 
+def cmd_verdict(args) -> int:
+    from .verdict import main as verdict_main
+
+    return verdict_main(args)
+
+
+def cmd_report(args) -> int:
+    from .report_cli import main as report_main
+
+    return report_main(args)
+
+
+def cmd_inspect(args) -> int:
+    from .inspect_ckpt import main as inspect_main
+
+    return inspect_main(args)
+
+
+def cmd_matrix(args) -> int:
+    from .matrix import main as matrix_main
+
+    return matrix_main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet()
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
@@ -92,6 +116,24 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--patch", default="none", choices=("none", "fix"))
     d.add_argument("--out", required=True)
     d.set_defaults(fn=cmd_dump)
+
+    v = sub.add_parser("verdict", help="un-quarantine verdict for the two nmm-sandbox jobs")
+    v.add_argument("--results", action="append", default=[],
+                   help="results.json to judge (repeatable; default: run the verdict cells)")
+    v.set_defaults(fn=cmd_verdict)
+
+    rep = sub.add_parser("report", help="markdown summary + grid picture of a run")
+    rep.add_argument("results", nargs="?", help="results.json (default: the newest run)")
+    rep.set_defaults(fn=cmd_report)
+
+    ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds")
+    ins.add_argument("ckpt")
+    ins.set_defaults(fn=cmd_inspect)
+
+    mx = sub.add_parser("matrix", help="witness + fix scenarios against several modelopt versions")
+    mx.add_argument("--modelopt", action="append", default=[],
+                    help="version (or git ref inside the docker image); default 0.46.1, 0.47.0")
+    mx.set_defaults(fn=cmd_matrix)
 
     args = p.parse_args(argv)
     return args.fn(args)
