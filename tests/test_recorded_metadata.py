@@ -1,0 +1,86 @@
+"""Recordings of REAL sharded-state-dict metadata (TE TEGroupedMLP + ModelOpt, on an H200 GPU)
+replayed on the cpu tier: through megatron-core's real validation on gloo ranks, and against
+the oracle's replica rule. This is what ties the CPU-only oracle to the GPU code path.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from harness import oracle
+from harness.compare import is_expert_amax
+from harness.orchestrate import run_probe
+from harness.ranks import rank_coords
+from harness.topology import Topology
+
+RECORDED = Path(__file__).parent / "data" / "recorded"
+RECORDINGS = sorted(RECORDED.glob("*.json"))
+REPORT_ERROR = re.compile(
+    r"^CheckpointingException: Invalid sharding pattern validation\. Errors: Invalid access "
+    r"pattern for ShardedTensor\(key='decoder\.layers\.\d+\.mlp\.experts\.experts\.\d+\."
+    r"linear_fc[12]\.weight_quantizer\._amax', dtype=torch\.bfloat16, local_shape=\(1,\), "
+    r"global_shape=\(1,\)"
+)
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _rule(doc: dict) -> str:
+    return "fixed" if doc["provenance"]["patch"] == "fix" else "buggy"
+
+
+@pytest.mark.cpu
+def test_recordings_cover_buggy_and_patched_topologies():
+    docs = [_load(p) for p in RECORDINGS]
+    topologies = {d["topology"] for d in docs}
+    assert len(topologies) >= 6
+    assert {d["provenance"]["patch"] for d in docs} == {"none", "fix"}
+    assert all(d["provenance"]["gpu"] and d["provenance"]["transformer-engine"] for d in docs)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.stem)
+def test_oracle_predicts_recorded_outcome(path):
+    doc = _load(path)
+    topo = Topology.parse(doc["topology"])
+    assert oracle.predicts_failure(topo, _rule(doc)) == (doc["validation_error"] is not None)
+    if doc["validation_error"]:
+        assert REPORT_ERROR.match(doc["validation_error"]), doc["validation_error"][:300]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.stem)
+def test_recorded_expert_amax_replica_ids_follow_the_rule(path):
+    """Every per-expert amax replica_id the real code emitted equals the oracle's rule."""
+    doc = _load(path)
+    coords = rank_coords(Topology.parse(doc["topology"]))
+    entries = [e for e in doc["entries"] if is_expert_amax(e["key"])]
+    assert entries
+    for e in entries:
+        assert tuple(e["replica_id"]) == oracle.replica_id(coords[e["rank"]], _rule(doc)), e
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("world", sorted({_load(p)["world"] for p in RECORDINGS}))
+def test_real_validation_replays_recorded_outcome(world, tmp_path):
+    """megatron-core's validate_sharding_integrity on gloo ranks, fed the recorded metadata."""
+    paths = [str(p) for p in RECORDINGS if _load(p)["world"] == world]
+    run = run_probe({"probe": "replay", "recordings": paths}, world, tmp_path / "replay")
+    assert run.ok, run.summary()
+    replays = {r["recording"]: r["error"] for r in run.rank_results[0]["replays"]}
+    for p in paths:
+        doc = _load(Path(p))
+        got, want = replays[Path(p).name], doc["validation_error"]
+        assert (got is None) == (want is None), (Path(p).name, got, want)
+        if want:  # the same failing keys, in the same words
+            assert _keys(got) == _keys(want)
+
+
+def _keys(error: str) -> list[str]:
+    return sorted(re.findall(r"ShardedTensor\(key='([^']+)'", error))
