@@ -1,0 +1,124 @@
+"""Quarantine verdict (harness/verdict.py) on the committed H200 evidence in docs/runs/ and on
+small hand-made results: BLOCKED, SAFE WITH PATCH, INCOMPLETE, SAFE, and the exit code."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness import verdict
+from harness.environment import tier_skip_reason
+
+pytestmark = pytest.mark.cpu
+
+RUNS = Path(__file__).resolve().parent.parent / "docs" / "runs"
+WITNESS = RUNS / "20261202-122731-witness.results.json"
+FIX1 = RUNS / "20261202-122357-fix1.results.json"
+NANO, ULTRA = "nano-30b-a3b-qad", "ultra-550b-a55b-nvfp4-ptq"
+
+
+def _by_job(verdicts) -> dict:
+    return {v.job.id: v for v in verdicts}
+
+
+def _record(cell_id: str, outcome: str, expected: str = "pass", **kw) -> dict:
+    return {"cell_id": cell_id, "outcome": outcome, "expected": expected, **kw}
+
+
+def _evidence_ids(job_id: str) -> tuple[list, list]:
+    q = verdict.load_quarantine()
+    by_name = {s.name: s for s in verdict.load_all()}
+    job = next(j for j in q.jobs if j.id == job_id)
+    return (verdict.job_cells(job, by_name[q.witness]), verdict.job_cells(job, by_name[q.fix]))
+
+
+def test_quarantine_file_names_both_jobs_with_shapes():
+    q = verdict.load_quarantine()
+    assert {j.id for j in q.jobs} == {NANO, ULTRA}
+    jobs = {j.id: j for j in q.jobs}
+    assert jobs[NANO].load.id == "tp4-etp1-ep8-pp1"          # the report's TP=4 ETP=1 EP=8
+    assert jobs[NANO].save.tp == jobs[NANO].save.etp          # "saved fine": TP == ETP at save
+    assert jobs[ULTRA].save.tp != jobs[ULTRA].save.etp        # fails at its (assumed) save
+    for j in q.jobs:
+        assert j.issue and j.pipeline and j.review_by and "ASSUMED" in j.assumption
+        witness, fix = _evidence_ids(j.id)
+        assert len(witness) == len(fix) == 2                  # save-only + save -> load
+
+
+def test_witness_run_blocks_both_jobs():
+    vds = _by_job(verdict.judge_doc(json.loads(WITNESS.read_text())))
+    assert vds[NANO].word == verdict.BLOCKED
+    assert vds[ULTRA].word == verdict.BLOCKED
+    nano = {e.cell_id: e.outcome for e in vds[NANO].evidence}
+    assert nano["gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]"] == "bug-reproduced"
+    ultra = {e.cell_id: e.outcome for e in vds[ULTRA].evidence}
+    assert ultra["gpu-witness[save=tp4-etp1-ep8-pp1,save-only]"] == "bug-reproduced"
+    assert all(v.tier == "gpu-shared" for v in vds.values())
+
+
+def test_fix_run_patch_where_cells_exist_incomplete_elsewhere():
+    doc = json.loads(FIX1.read_text())
+    ids = {c["cell_id"] for c in doc["cells"]}
+    vds = _by_job(verdict.judge_doc(doc))
+    # fix1 saved at tp2-etp1-ep2 and tp4-etp1-ep8 only: Ultra's cells are there, Nano's are not.
+    assert "gpu-fix[save=tp4-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]" in ids
+    assert not any("save=tp1-etp1-ep8" in i for i in ids)
+    assert vds[ULTRA].word == verdict.SAFE_WITH_PATCH
+    assert vds[NANO].word == verdict.INCOMPLETE
+
+
+def test_main_on_committed_evidence_exit_zero(capsys):
+    rc = verdict.main(SimpleNamespace(results=[str(WITNESS), str(FIX1)], results_root="unused"))
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "modelopt 0.47.0" in out and "all 2 runs together" in out
+    combined = out.split("all 2 runs together")[1]
+    assert f"{ULTRA}: SAFE WITH PATCH" in combined and f"{NANO}: BLOCKED" in combined
+
+
+def _doc(records, modelopt="9.9.9") -> dict:
+    return {"run_id": "hand", "tier": "gpu-shared", "versions": {"nvidia-modelopt": modelopt},
+            "cells": records}
+
+
+def test_safe_when_bug_no_longer_reproduces():
+    witness, fix = _evidence_ids(ULTRA)
+    recs = [_record(c.id, "unexpected-pass", c.expected) for c in witness]
+    recs += [_record(c.id, "pass") for c in fix]
+    assert _by_job(verdict.judge_doc(_doc(recs)))[ULTRA].word == verdict.SAFE
+    # Nano: its save-only witness cell was expected to pass anyway.
+    witness, fix = _evidence_ids(NANO)
+    recs = [_record(c.id, "unexpected-pass" if c.load else "pass", c.expected) for c in witness]
+    assert _by_job(verdict.judge_doc(_doc(recs)))[NANO].word == verdict.SAFE
+
+
+def test_unexpected_failure_exits_nonzero(tmp_path, capsys):
+    witness, fix = _evidence_ids(NANO)
+    recs = [_record(c.id, "bug-reproduced" if c.load else "pass", c.expected) for c in witness]
+    recs += [_record(fix[0].id, "pass"),
+             _record(fix[1].id, "unexpected-failure", failed_stage="verify",
+                     exception_type="AssertionError", message="3 per-expert amax differ")]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_doc(recs)))
+    rc = verdict.main(SimpleNamespace(results=[str(path)], results_root=str(tmp_path)))
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert f"{NANO}: UNEXPECTED FAILURE" in out and "3 per-expert amax differ" in out
+
+
+def test_unexpected_failure_outside_evidence_does_not_fail(tmp_path):
+    # fix1 holds 10 unexpected failures (old logits criterion), none at the jobs' shapes.
+    doc = json.loads(FIX1.read_text())
+    assert sum(c["outcome"] == "unexpected-failure" for c in doc["cells"]) == 10
+    assert not any(v.unexpected for v in verdict.judge_doc(doc))
+
+
+@pytest.mark.skipif(tier_skip_reason("gpu-shared", 8) is None, reason="a GPU is here: cells would run")
+def test_no_gpu_runs_cells_and_says_no_evidence(tmp_path, capsys):
+    rc = verdict.main(SimpleNamespace(results=[], results_root=str(tmp_path)))
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.count("NO EVIDENCE - on this machine (tier gpu-shared needs a GPU)") == 2
+    assert list(tmp_path.glob("*-verdict/results.json"))
