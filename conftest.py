@@ -22,17 +22,54 @@ def pytest_addoption(parser):
                 help="where results/<run-id>/ is written")
 
 
-def pytest_configure(config):
-    if hasattr(config, "workerinput"):  # xdist worker: use the controller's run directory
-        config.harness_run_dir = Path(config.workerinput["harness_run_dir"])
+def _controller_gpus() -> str:
+    """The GPUs this run may use, found WITHOUT initialising CUDA in the controller."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return os.environ["CUDA_VISIBLE_DEVICES"]
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return ""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return ""
+    return ",".join(line.strip() for line in out.splitlines() if line.strip())
+
+
+def _own_gpus(config) -> None:
+    """Give this xdist worker a disjoint block of GPUs before anything touches CUDA.
+
+    With fewer GPUs than workers the workers share them (cells then run on gpu-shared, or skip
+    with the reason when they need one GPU per rank).
+    """
+    from harness.gpu_pool import visible_gpus, worker_visible_devices
+
+    gpus = config.workerinput["harness_gpus"]
+    workers = int(config.workerinput["workercount"])
+    if 0 < len(visible_gpus(gpus)) < workers:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
         return
+    os.environ["CUDA_VISIBLE_DEVICES"] = worker_visible_devices(
+        config.workerinput["workerid"], gpus, workers)
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # xdist worker: the controller's run dir, own GPUs
+        config.harness_run_dir = Path(config.workerinput["harness_run_dir"])
+        _own_gpus(config)
+        return
+    config.harness_gpus = _controller_gpus()
     from harness.results import new_run_dir
 
     config.harness_run_dir = new_run_dir(Path(config.getoption("--results-root")), "pytest")
 
 
-def pytest_configure_node(node):  # xdist hook: hand the run directory to each worker
+def pytest_configure_node(node):  # xdist hook: hand run directory and GPU list to each worker
     node.workerinput["harness_run_dir"] = str(node.config.harness_run_dir)
+    node.workerinput["harness_gpus"] = node.config.harness_gpus
 
 
 def pytest_generate_tests(metafunc):

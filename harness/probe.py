@@ -6,6 +6,9 @@ ShardedTensors the way modelopt 0.47.0's ``_QuantMegatronTEGroupedLinear`` does 
 the fixed way (expert TP and expert DP groups), then run megatron-core's own
 ``validate_sharding_integrity``. This cross-checks harness/oracle.py on gloo ranks.
 
+``save``: a real ``dist_checkpointing.save`` of those entries (the report's failure and its
+teardown, on CPU).
+
 ``replay``: rebuild ShardedTensors from metadata recorded on GPUs (real TE + ModelOpt runs,
 tests/data/recorded/*.json) and run the same real validation on this rank's recorded entries.
 
@@ -111,6 +114,27 @@ def probe_replay(recording: str) -> dict:
     return {"recording": Path(recording).name, "error": _validate(sharded_tensors_from_record(entries))}
 
 
+def probe_save(topology: str, rule: str, num_experts: int, ckpt_dir: str) -> dict:
+    """The report's failure mode, for real: ``dist_checkpointing.save`` of per-expert amax
+    entries built by ``rule``. Under the buggy rule global rank 0's validation raises
+    CheckpointingException while the other ranks walk on into the save's next collective."""
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+
+    from .cpu_shims import apply_cpu_shims
+    from .topology import Topology
+
+    apply_cpu_shims()
+    topo = Topology.parse(topology)
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=topo.tp, pipeline_model_parallel_size=topo.pp,
+        expert_model_parallel_size=topo.ep, expert_tensor_parallel_size=topo.etp,
+    )
+    Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
+    dist_checkpointing.save(expert_amax_entries(rule, num_experts // topo.ep), ckpt_dir)
+    return {"saved": ckpt_dir}
+
+
 def main(argv: list[str]) -> None:
     from datetime import timedelta
 
@@ -123,6 +147,8 @@ def main(argv: list[str]) -> None:
         torch.distributed.init_process_group("gloo", timeout=timedelta(seconds=pg_timeout_s()))
         if spec["probe"] == "oracle":
             return {"results": probe_oracle(spec["topologies"], spec["num_experts"])}
+        if spec["probe"] == "save":
+            return probe_save(spec["topology"], spec["rule"], spec["num_experts"], spec["ckpt"])
         return {"replays": [probe_replay(r) for r in spec["recordings"]]}
 
     rank_main(f"probe-{spec['probe']}", body)
