@@ -46,3 +46,6 @@ docker-repro: docker-build
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache
+
+matrix:           ## witness + fix scenarios (and cpu probes) per modelopt version: MODELOPT="0.46.1 0.47.0"
+	$(PY) -m harness --results-root $(RESULTS) matrix $(foreach v,$(MODELOPT),--modelopt $(v))

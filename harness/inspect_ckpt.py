@@ -1,0 +1,228 @@
+"""``python -m harness inspect <ckpt>``: which MoE weight-quantizer layout a checkpoint holds.
+
+Why: the resharding failure also hits checkpoints written by older ModelOpt releases, and the two
+releases store the grouped-MLP weight quantizer differently. Before loading, a user needs to know
+which layout the checkpoint holds and whether every expert's amax was actually written:
+  * ``per-expert`` (ModelOpt 0.47.0): one ``...mlp.experts.experts.{E}.linear_fc{1,2}.
+    weight_quantizer._amax`` per global expert. A checkpoint saved at TP != ETP with validation
+    switched off can lack some experts' amax (no rank held a "main replica" of them): those are
+    listed as missing.
+  * ``shared`` (ModelOpt <= 0.46.x): one ``...mlp.experts[.experts].linear_fc{1,2}.
+    weight_quantizer._amax`` per grouped linear, no expert id.
+  * ``mixed``: both of the above (should not happen; reported rather than guessed).
+  * ``incomplete``: the experts are quantized (input-quantizer amax present) but no expert
+    weight-quantizer amax was written at all.
+  * ``unquantized``: no quantizer state in the checkpoint.
+
+Only metadata is read (megatron-core ``load_tensors_metadata``: the torch_dist ``.metadata``
+file), which needs no process group and no tensor data, so it is quick on any machine.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Megatron prefixes; TEGroupedMLP with singleton_local_shards adds a second "experts.".
+_LAYER = r"(?:.*\.)?layers\.(?P<layer>\d+)\.mlp\.experts\."
+PER_EXPERT = re.compile(
+    _LAYER + r"(?:experts|local_experts)\.(?P<expert>\d+)\.(?P<linear>linear_fc\d)\.weight_quantizer\._amax$"
+)
+SHARED = re.compile(_LAYER + r"(?:experts\.)?(?P<linear>linear_fc\d)\.weight_quantizer\._amax$")
+EXPERT_INPUT_AMAX = re.compile(_LAYER + r"(?:experts\.)?(?:\d+\.)?linear_fc\d\.input_quantizer\._amax$")
+EXPERT_WEIGHT = re.compile(
+    _LAYER + r"(?:experts|local_experts)\.(?P<expert>\d+)\.linear_fc\d\.weight$"
+)
+ROUTER = re.compile(r"(?:.*\.)?layers\.(?P<layer>\d+)\.mlp\.router\.weight$")
+ANY_LAYER = re.compile(r"(?:.*\.)?layers\.(?P<layer>\d+)\.")
+
+
+class NotACheckpoint(Exception):
+    """The path is missing or is not a megatron-core distributed checkpoint."""
+
+
+@dataclass
+class LinearAmax:
+    """Per-expert weight-quantizer amax of one grouped linear (one layer, fc1 or fc2)."""
+
+    layer: int
+    linear: str
+    present: list[int]
+    missing: list[int]
+
+
+@dataclass
+class Layout:
+    path: str
+    kind: str  # per-expert | shared | mixed | incomplete | unquantized
+    backend: str
+    num_tensors: int
+    num_layers: int
+    num_experts: int | None  # from the router (global experts), else from expert weights
+    experts_seen: list[int]  # global expert ids with any tensor in the checkpoint
+    dtypes: dict[str, int]  # dtype -> number of tensors
+    amax_dtypes: list[str]  # dtypes of the expert weight-quantizer amax
+    linears: list[LinearAmax] = field(default_factory=list)  # per-expert layout only
+    shared_keys: list[str] = field(default_factory=list)  # shared layout only
+
+    @property
+    def missing(self) -> dict[str, list[int]]:
+        """``layer.linear`` -> global experts without their weight-quantizer amax."""
+        return {f"{li.layer}.{li.linear}": li.missing for li in self.linears if li.missing}
+
+    def as_json(self) -> dict:
+        d = asdict(self)
+        d["missing"] = self.missing
+        return d
+
+
+def read_metadata(path: Path | str) -> tuple[str, dict[str, tuple[str, tuple[int, ...]]]]:
+    """Backend name and ``key -> (dtype, global_shape)`` of a checkpoint, metadata only."""
+    p = Path(path)
+    if not p.exists():
+        raise NotACheckpoint(f"{p}: no such file or directory")
+    if not (p / "metadata.json").is_file():
+        raise NotACheckpoint(
+            f"{p}: not a megatron-core distributed checkpoint (metadata.json missing)"
+        )
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    try:
+        from megatron.core.dist_checkpointing.core import maybe_load_config
+
+        backend = maybe_load_config(str(p)).sharded_backend
+        md = dist_checkpointing.load_tensors_metadata(str(p))
+    except Exception as exc:  # noqa: BLE001 - any reader failure means "not readable as such"
+        raise NotACheckpoint(
+            f"{p}: metadata.json present but the tensor metadata is unreadable "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from exc
+    out = {}
+    for key, sh in md.items():
+        if isinstance(sh, ShardedTensor):
+            out[key] = (str(sh.dtype), tuple(sh.global_shape))
+    return backend, out
+
+
+def classify(tensors: dict[str, tuple[str, tuple[int, ...]]], path: str = "", backend: str = "") -> Layout:
+    """Classify from ``key -> (dtype, global_shape)``; pure, so tests can feed recordings."""
+    per_expert: dict[tuple[int, str], set[int]] = {}
+    shared: list[str] = []
+    amax_dtypes: set[str] = set()
+    experts_seen: set[int] = set()
+    routers: dict[int, int] = {}
+    layers: set[int] = set()
+    expert_input_amax = False
+    grouped: set[tuple[int, str]] = set()  # (layer, linear) that exist in any form
+    for key, (dtype, shape) in tensors.items():
+        if m := ANY_LAYER.match(key):
+            layers.add(int(m["layer"]))
+        if m := PER_EXPERT.match(key):
+            layer, expert = int(m["layer"]), int(m["expert"])
+            per_expert.setdefault((layer, m["linear"]), set()).add(expert)
+            experts_seen.add(expert)
+            amax_dtypes.add(dtype)
+        elif m := SHARED.match(key):
+            shared.append(key)
+            amax_dtypes.add(dtype)
+            grouped.add((int(m["layer"]), m["linear"]))
+        elif EXPERT_INPUT_AMAX.match(key):
+            expert_input_amax = True
+        if m := EXPERT_WEIGHT.match(key):
+            experts_seen.add(int(m["expert"]))
+            lin = key.rsplit(".", 2)[-2]
+            grouped.add((int(m["layer"]), lin))
+        if (m := ROUTER.match(key)) and shape:
+            routers[int(m["layer"])] = int(shape[0])
+    num_experts = max(routers.values()) if routers else (max(experts_seen) + 1 if experts_seen else None)
+    grouped |= set(per_expert)
+    linears = []
+    if per_expert:
+        expected = set(range(num_experts)) if num_experts else set()
+        for layer, lin in sorted(grouped):
+            present = per_expert.get((layer, lin), set())
+            linears.append(LinearAmax(layer, lin, sorted(present), sorted(expected - present)))
+    if per_expert and shared:
+        kind = "mixed"
+    elif per_expert:
+        kind = "per-expert"
+    elif shared:
+        kind = "shared"
+    elif expert_input_amax:
+        kind = "incomplete"
+    else:
+        kind = "unquantized"  # dense layers may be quantized; the experts hold no weight amax
+    return Layout(
+        path=path,
+        kind=kind,
+        backend=backend,
+        num_tensors=len(tensors),
+        num_layers=len(layers),
+        num_experts=num_experts,
+        experts_seen=sorted(experts_seen),
+        dtypes=dict(Counter(d for d, _ in tensors.values())),
+        amax_dtypes=sorted(amax_dtypes),
+        linears=linears,
+        shared_keys=sorted(shared),
+    )
+
+
+def inspect_checkpoint(path: Path | str) -> Layout:
+    """Read a checkpoint's metadata (no tensor data, no process group) and classify it."""
+    backend, tensors = read_metadata(path)
+    return classify(tensors, path=str(path), backend=backend)
+
+
+_MEANING = {
+    "per-expert": "ModelOpt >= 0.47.0 layout: one weight-quantizer amax per expert",
+    "shared": "ModelOpt <= 0.46.x layout: one shared weight-quantizer amax per grouped linear",
+    "mixed": "BOTH per-expert and shared weight-quantizer amax keys: do not load without checking",
+    "incomplete": "experts quantized but NO expert weight-quantizer amax saved",
+    "unquantized": "no expert weight-quantizer state",
+}
+
+
+def render(lay: Layout) -> str:
+    lines = [
+        f"checkpoint: {lay.path} ({lay.backend}, {lay.num_tensors} tensors)",
+        f"layout:     {lay.kind}  ({_MEANING[lay.kind]})",
+        f"layers:     {lay.num_layers}   experts: {lay.num_experts} "
+        f"(seen in keys: {len(lay.experts_seen)})",
+        "dtypes:     " + ", ".join(f"{d.removeprefix('torch.')} x{n}" for d, n in sorted(lay.dtypes.items())),
+    ]
+    if lay.amax_dtypes:
+        lines.append("amax dtype: " + ", ".join(d.removeprefix("torch.") for d in lay.amax_dtypes))
+    if lay.kind == "shared":
+        lines.append(f"shared weight_quantizer keys: {len(lay.shared_keys)} (e.g. {lay.shared_keys[0]})")
+    for li in lay.linears:
+        state = "complete" if not li.missing else f"MISSING experts {li.missing}"
+        lines.append(f"  layer {li.layer} {li.linear}: {len(li.present)}/{len(li.present) + len(li.missing)} "
+                     f"experts with amax, {state}")
+    if lay.missing:
+        n = sum(len(v) for v in lay.missing.values())
+        lines.append(f"WARNING: {n} expert weight-quantizer amax missing (a checkpoint saved at "
+                     "TP != ETP with sharding validation off?): loading it leaves those experts "
+                     "uncalibrated")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    """Exit 0: report printed; 1: mixed/incomplete layout or missing expert amax; 2: not a checkpoint."""
+    try:
+        lay = inspect_checkpoint(args.ckpt)
+    except NotACheckpoint as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        import json
+
+        print(json.dumps(lay.as_json(), indent=1))
+    else:
+        print(render(lay))
+    return 1 if lay.kind in ("mixed", "incomplete") or lay.missing else 0

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One Python environment per ModelOpt version for `make matrix` (harness/matrix.py).
+#   tools/matrix-env.sh <version-or-git-ref>      -> prints the env's python on stdout
+#
+# CPU machines (default, MATRIX_ENV_MODE=layer): .venv-modelopt-<V> is a thin venv LAYERED on
+# .venv: it sees .venv's site-packages (torch CPU, megatron-core, ...) through a .pth file and
+# holds only nvidia-modelopt==<V> (--no-deps) in its own site-packages, which comes first on
+# sys.path. Why: requirements/cpu.txt differs between versions only in the modelopt pin, and a
+# full install re-resolves a multi-GB stack; the layer takes seconds. MATRIX_ENV_MODE=full
+# builds a standalone venv from requirements/ with the pin replaced instead (minutes).
+#   Local wheels: a wheel in .whl-<V> (e.g. `pip download --no-deps nvidia-modelopt==0.46.1
+#   -d .whl-046`) is used offline; name the dir in MATRIX_WHEEL_DIR, or it tries .whl-<digits>.
+# Inside the docker image (system python, TE installed) a git ref is installed with
+#   pip install "nvidia-modelopt @ git+https://github.com/NVIDIA/Model-Optimizer@<ref>"
+# into a --target dir put first on PYTHONPATH; documented here, NOT run by this script.
+# Every pip call is bounded by MATRIX_ENV_TIMEOUT_S (default 600 s). Idempotent: a stamp skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+V=${1:?usage: tools/matrix-env.sh <modelopt-version>}
+MODE=${MATRIX_ENV_MODE:-layer}
+T=${MATRIX_ENV_TIMEOUT_S:-600}
+BASE=${MATRIX_BASE_VENV:-.venv}
+ENV=".venv-modelopt-$V"
+STAMP="$ENV/.matrix-stamp"
+want="$MODE $V $(cat requirements/cpu.txt requirements/megatron-core.txt | sha256sum | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then echo "$PWD/$ENV/bin/python"; exit 0; fi
+case "$V" in
+  *[!0-9.a-z]*|"") echo "matrix-env: '$V' is not a release version; git refs install only inside the docker image (see header)" >&2; exit 2 ;;
+esac
+wheeldir=${MATRIX_WHEEL_DIR:-.whl-$(echo "$V" | tr -d . | cut -c1-3)}
+src="nvidia-modelopt==$V"
+find_links=()
+if [ -d "$wheeldir" ] && ls "$wheeldir"/nvidia_modelopt-"$V"-*.whl >/dev/null 2>&1; then
+  find_links=(--find-links "$wheeldir"); echo "matrix-env: using wheel from $wheeldir" >&2
+fi
+rm -rf "$ENV"
+[ -x "$BASE/bin/python" ] || bash tools/bootstrap-venv.sh >&2
+basepy="$BASE/bin/python"
+if [ "$MODE" = layer ]; then
+  timeout "$T" "$basepy" -m venv --without-pip "$ENV"
+  site=$("$ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  basesite=$("$basepy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # addsitedir (not a bare path) so .venv's own .pth files are processed too
+  echo "import site; site.addsitedir('$basesite')" > "$site/_matrix_base.pth"
+  timeout "$T" "$basepy" -m pip --disable-pip-version-check -q install --no-deps \
+    "${find_links[@]}" --target "$site" "$src" >&2
+else
+  timeout "$T" "$basepy" -m venv "$ENV"
+  sed "s/^nvidia-modelopt==.*/$src/" requirements/cpu.txt > "$ENV/requirements.txt"
+  timeout "$T" "$ENV/bin/python" -m pip --disable-pip-version-check -q install \
+    "${find_links[@]}" -r "$ENV/requirements.txt" >&2
+  timeout "$T" "$ENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
+    --ignore-requires-python -r requirements/megatron-core.txt >&2
+fi
+got=$("$ENV/bin/python" -c 'from importlib.metadata import version; print(version("nvidia-modelopt"))')
+[ "$got" = "$V" ] || { echo "matrix-env: $ENV has nvidia-modelopt $got, wanted $V" >&2; exit 1; }
+echo "$want" > "$STAMP"
+echo "$PWD/$ENV/bin/python"
