@@ -278,7 +278,33 @@ def _reap_leftovers(sid: int, w: _Watch) -> list[int]:
         except psutil.Error:
             pass
     psutil.wait_procs(left, timeout=5)
-    return sorted(p.pid for p in left)
+    run_pids = {r.pid for r in w.ranks.values()} | {p.pid for p in left}
+    return sorted({p.pid for p in left} | set(_gpu_holders(run_pids)))
+
+
+def _gpu_holders(run_pids: set[int], wait_s: float = 5.0) -> list[int]:
+    """PIDs of this run that still hold GPU memory after teardown (nvidia-smi's compute apps).
+
+    The driver frees a dead process's memory shortly after it exits, so poll a few seconds
+    before calling it a leftover. No nvidia-smi (cpu tier): nothing to check.
+    """
+    import shutil
+
+    if not run_pids or not shutil.which("nvidia-smi"):
+        return []
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30,
+            ).stdout
+        except (subprocess.SubprocessError, OSError):
+            return []
+        held = sorted(run_pids & {int(x) for x in out.split() if x.strip().isdigit()})
+        if not held or time.time() > deadline:
+            return held
+        time.sleep(0.5)
 
 
 def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: _Watch, t0: float,
