@@ -136,4 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     mx.set_defaults(fn=cmd_matrix)
 
     args = p.parse_args(argv)
+    if args.cmd in ("run", "repro", "dump-metadata", "verdict"):
+        from .environment import version_problem
+
+        problem = version_problem()
+        if problem and ("not installed" in problem or "megatron-core" in problem):
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        if problem:
+            print(f"warning: {problem}", file=sys.stderr)
     return args.fn(args)

@@ -75,12 +75,18 @@ def dump_metadata(topo, tier: str, backend: str, patch: str, out: Path, results_
     from .model import CPU_SIZE, GPU_SIZE
     from .stage_spec import StageSpec
 
+    from .topology import TopologyError
+
+    size = GPU_SIZE if backend == "te" else CPU_SIZE
+    try:
+        topo.check(size)
+    except TopologyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     reason = tier_skip_reason(tier, topo.world_size)
     if reason:
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    size = GPU_SIZE if backend == "te" else CPU_SIZE
-    topo.check(size)
     stage_dir = new_run_dir(results_root, f"dump-{topo.id}-{patch}")
     spec = StageSpec("dump-metadata", topo.id, tier, backend, "", "", patch=patch,
                      size=size.as_dict(), output=str(out.resolve()))
