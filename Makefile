@@ -22,8 +22,8 @@ test-gpu:         ## GPU tiers only (nightly on 8-GPU nodes)
 witness:          ## the unpatched bug witness grid (allow-to-fail in CI)
 	$(PY) -m harness --results-root $(RESULTS) run --scenario gpu-witness --label witness --jobs $(PYTEST_WORKERS)
 
-verdict:          ## un-quarantine verdict for the two nmm-sandbox jobs
-	$(PY) -m harness --results-root $(RESULTS) verdict
+verdict:          ## un-quarantine verdict: judges $(RESULTS)/*/results.json, or runs the cells when none
+	$(PY) -m harness --results-root $(RESULTS) verdict $(foreach f,$(wildcard $(RESULTS)/*/results.json),--results $(f))
 
 report:           ## markdown summary + grid picture of the newest run
 	$(PY) -m harness --results-root $(RESULTS) report
