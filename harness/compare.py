@@ -133,3 +133,18 @@ def compare(sharded_sd, reference: dict[str, torch.Tensor]) -> Comparison:
 
 def missing_keys(reference: dict[str, torch.Tensor], present_on_any_rank: set[str]) -> list[str]:
     return sorted(set(reference) - present_on_any_rank)
+
+
+def merge(per_rank: list[Comparison], reference: dict[str, torch.Tensor]) -> dict:
+    """Every load rank's comparison in one figure set (counts summed over ranks, so a shard
+    held by several replicas counts once per holder)."""
+    out = Comparison()
+    for c in per_rank:
+        out.keys_compared += c.keys_compared
+        out.expert_amax_compared += c.expert_amax_compared
+        out.mismatches += c.mismatches
+        out.unexpected_keys += [k for k in c.unexpected_keys if k not in out.unexpected_keys]
+    figures = out.as_dict()
+    figures["ranks_compared"] = len(per_rank)
+    figures["missing_keys"] = missing_keys(reference, {k for c in per_rank for k in c.present_keys})
+    return figures

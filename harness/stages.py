@@ -119,10 +119,9 @@ def load_stage(spec: StageSpec) -> dict:
     ref_dir = Path(spec.reference_dir)
     reference, disagreeing = compare.load_reference(ref_dir)
     cmp = compare.compare(model.sharded_state_dict(metadata=metadata), reference)
-    present = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(present, cmp.present_keys)
-    verify = cmp.as_dict()
-    verify["missing_keys"] = compare.missing_keys(reference, {k for ks in present for k in ks})
+    per_rank = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(per_rank, cmp)
+    verify = compare.merge(per_rank, reference)
     verify["replica_disagreements"] = disagreeing
     verify["load_state_dict"] = {
         "missing": list(getattr(result, "missing_keys", []))[:20],

@@ -50,3 +50,13 @@ def test_missing_expert_amax_and_replica_disagreement_are_reported(tmp_path):
     assert reference[key].item() == 1.0  # the main replica wins, as in the checkpoint
     assert compare.is_expert_amax(key)
     assert compare.missing_keys(reference, present_on_any_rank=set()) == [key]
+
+
+def test_merge_reports_a_mismatch_seen_on_any_rank(tmp_path):
+    w = torch.arange(4.0)
+    reference, _ = _save(tmp_path, [{"w": _st("w", w)}])
+    good = compare.compare({"w": _st("w", w[:2], 0, 2)}, reference)
+    bad = compare.compare({"w": _st("w", w[2:] + 1, 1, 2)}, reference)
+    merged = compare.merge([good, bad], reference)
+    assert merged["keys_compared"] == 2 and merged["ranks_compared"] == 2
+    assert merged["mismatch_count"] == 1 and merged["missing_keys"] == []
