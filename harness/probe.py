@@ -80,6 +80,7 @@ def probe_oracle(topologies: list[str], num_experts: int) -> dict:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=topo.tp, pipeline_model_parallel_size=topo.pp,
             expert_model_parallel_size=topo.ep, expert_tensor_parallel_size=topo.etp,
+            create_gloo_process_groups=False,  # the default group is gloo already
         )
         results[topo.id] = {
             rule: _validate(expert_amax_entries(rule, num_experts // topo.ep))
