@@ -57,6 +57,9 @@ def _own_gpus(config) -> None:
 
 
 def pytest_configure(config):
+    from harness.launch import exit_cleanly_on_sigterm
+
+    exit_cleanly_on_sigterm()
     if hasattr(config, "workerinput"):  # xdist worker: the controller's run dir, own GPUs
         config.harness_run_dir = Path(config.workerinput["harness_run_dir"])
         _own_gpus(config)

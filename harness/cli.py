@@ -87,7 +87,10 @@ def cmd_matrix(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .launch import exit_cleanly_on_sigterm
+
     _quiet()
+    exit_cleanly_on_sigterm()
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     p.add_argument("--results-root", default="results")
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +140,7 @@ def _watch(proc: subprocess.Popen, stage_dir: Path, w: _Watch, t0: float, timeou
             w.first_failure_at = _earliest_error_time(errors_dir) or now
         if w.first_failure_at is not None and now - max(w.first_failure_at, t0) > grace_s:
             return False  # torchrun did not finish tearing down: the caller kills the session
-        if now - t0 > timeout_s:
+        if now - t0 > timeout_s or _SHUTDOWN.is_set():
             w.first_failure_at = w.first_failure_at or now
             _dump_stacks(stage_dir, w)
             return True
@@ -344,3 +345,19 @@ def _tail(path: Path, n: int = 8000) -> str:
     except OSError:
         return ""
     return data[-n:].decode(errors="replace")
+
+
+_SHUTDOWN = threading.Event()
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """On the controller's SIGTERM (CI job cancel, ``timeout``) every running ``run_stage``, in
+    any thread, tears its torchrun down as on a timeout, and the main thread exits. Ranks live
+    in sessions of their own and would otherwise outlive a killed controller (seen: a pytest
+    killed by ``timeout`` left an 8-rank probe running). Install from the main thread."""
+    def on_sigterm(signum, frame):
+        _SHUTDOWN.set()
+        sys.exit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
