@@ -62,8 +62,7 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> dict:
             "message": cause.message, "key": cause.key,
         },
         "secondaries": [
-            f"rank {f.rank}: {f.exc_type or f.kind}: {(f.message or '').splitlines()[0][:200] if f.message else ''}"
-            for f in run.secondaries
+            f"rank {f.rank}: {f.exc_type or f.kind}: {f.first_line()}" for f in run.secondaries
         ],
         "rank_results": {str(k): v for k, v in run.rank_results.items()},
         "summary": run.summary(),
