@@ -11,6 +11,7 @@ Layout of manifest.json (see tests/golden/manifest.schema.json):
     {"schema": 1, "name": str, "versions": {"nvidia-modelopt", "megatron-core",
      "transformer-engine", "torch"}, "topology": "tp1-etp1-ep8-pp1", "layout": "per-expert"|...,
      "made_by": str (the command), "date": "YYYY-MM-DD", "notes": str,
+     "size": {ModelSize fields} (optional: the model a load stage must build),
      "files": {"ckpt/<relative path>": "<sha256 hex>", ...}}
 
 ``python -m harness.golden make <dir> --topology T [--validate-sharding false]`` saves the harness
@@ -68,7 +69,8 @@ def installed_versions() -> dict[str, str | None]:
 
 
 def write_manifest(golden_dir: Path | str, *, topology: str, made_by: str, layout: str = "",
-                   versions: dict | None = None, notes: str = "", date: str | None = None) -> Path:
+                   versions: dict | None = None, notes: str = "", date: str | None = None,
+                   size: dict | None = None) -> Path:
     """Hash every file under ``golden_dir/ckpt`` and write ``golden_dir/manifest.json``."""
     d = Path(golden_dir)
     files = _ckpt_files(d)
@@ -83,6 +85,7 @@ def write_manifest(golden_dir: Path | str, *, topology: str, made_by: str, layou
         "made_by": made_by,
         "date": date or _dt.date.today().isoformat(),
         "notes": notes,
+        **({"size": size} if size else {}),
         "files": {rel: sha256(p) for rel, p in files.items()},
     }
     out = d / "manifest.json"
@@ -159,6 +162,7 @@ def make(out: Path | str, *, topology: str, validate_sharding: bool, tier: str =
     (TP != ETP): the checkpoint then lacks or duplicates some experts' amax (case c).
     """
     from .launch import run_stage
+    from .model import GOLDEN_SIZE
     from .stage_spec import StageSpec
     from .topology import Topology
 
@@ -166,7 +170,9 @@ def make(out: Path | str, *, topology: str, validate_sharding: bool, tier: str =
     if (d / "ckpt").exists():
         raise GoldenError(f"{d}/ckpt exists: golden checkpoints are written once")
     topo = Topology.parse(topology)
-    spec = StageSpec(stage="save", topology=topo.id, tier=tier, backend="te",
+    size = GOLDEN_SIZE.as_dict()
+    spec = StageSpec(stage="save", topology=topo.id, tier=tier,
+                     backend="local" if tier == "cpu" else "te", size=size,
                      ckpt_dir=str(d / "ckpt"), reference_dir=str(d / ".work" / "reference"),
                      validate_sharding=validate_sharding)
     spec_path = spec.write(d / ".work" / "spec.json")
@@ -175,7 +181,7 @@ def make(out: Path | str, *, topology: str, validate_sharding: bool, tier: str =
         raise GoldenError(f"save stage failed: {run.summary()}")
     cmd = (f"python -m harness.golden make {d.name} --topology {topo.id} "
            f"--validate-sharding {str(validate_sharding).lower()} --tier {tier}")
-    return write_manifest(d, topology=topo.id, made_by=cmd, notes=notes)
+    return write_manifest(d, topology=topo.id, made_by=cmd, notes=notes, size=size)
 
 
 def discover(root: Path | str) -> list[Path]:
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     mk.add_argument("dir")
     mk.add_argument("--topology", required=True)
     mk.add_argument("--validate-sharding", choices=("true", "false"), default="true")
-    mk.add_argument("--tier", default="gpu-shared", choices=("gpu-shared", "gpu"))
+    mk.add_argument("--tier", default="gpu-shared", choices=("gpu-shared", "gpu", "cpu"))
     mk.add_argument("--notes", default="")
     a = p.parse_args(argv)
     try:

@@ -12,7 +12,7 @@
 # (2.1 MB); pass `.whl-046` in the run tool's carry. Here it is installed with --no-deps into
 # /tmp/mo046 and put FIRST on PYTHONPATH, shadowing the wheelhouse's 0.47.0 for (a) only.
 # Usage: make-golden.sh [a|b|c|all]   (results -> $OUT/golden-<name>.tgz and tests/golden/)
-set -euo pipefail
+set -uo pipefail   # one golden failing must not stop the others
 source /root/gw/base/env.sh
 export HARNESS_PYTHON=system PYTHONUNBUFFERED=1 PYTHONHASHSEED=0 CUBLAS_WORKSPACE_CONFIG=:4096:8
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -20,18 +20,20 @@ G=tests/golden
 make_one() {  # name topology validate [pythonpath-prefix]
   local name=$1 topo=$2 validate=$3 pre=${4:-}
   rm -rf "$G/$name"
-  PYTHONPATH="$pre${pre:+:}$PWD" timeout 900 python3 -m harness.golden make "$G/$name" \
-    --topology "$topo" --validate-sharding "$validate" --notes "made by tools/gpu-host/make-golden.sh"
+  echo "=== golden $name ($(date +%T))"
+  PYTHONPATH="$pre${pre:+:}$PWD:$PYTHONPATH" timeout 900 python3 -m harness.golden make "$G/$name" \
+    --topology "$topo" --validate-sharding "$validate" --notes "made by tools/gpu-host/make-golden.sh" \
+    || { echo "golden $name FAILED"; tar czf "$OUT/golden-$name-failed.tgz" -C "$G" "$name"; return 1; }
   rm -rf "$G/$name/.work"                       # the reference and logs are not golden
   python3 -m harness.golden verify "$G/$name"
-  PYTHONPATH="$pre${pre:+:}$PWD" python3 -m harness inspect "$G/$name/ckpt" || true
+  PYTHONPATH="$pre${pre:+:}$PWD:$PYTHONPATH" python3 -m harness inspect "$G/$name/ckpt" || true
   tar czf "$OUT/golden-$name.tgz" -C "$G" "$name"
 }
 what=${1:-all}
 if [[ $what == a || $what == all ]]; then
   ls .whl-046/nvidia_modelopt-0.46.1-*.whl >/dev/null || { echo "carry .whl-046 (see header)" >&2; exit 2; }
   rm -rf /tmp/mo046 && python3 -m pip install -q --no-deps --target /tmp/mo046 .whl-046/nvidia_modelopt-0.46.1-*.whl
-  PYTHONPATH=/tmp/mo046 python3 -c 'import modelopt; assert modelopt.__version__ == "0.46.1", modelopt.__version__'
+  PYTHONPATH=/tmp/mo046:$PYTHONPATH python3 -c 'import modelopt; assert modelopt.__version__ == "0.46.1", modelopt.__version__'
   make_one modelopt-0.46.1-tp1-etp1-ep8 tp1-etp1-ep8 true /tmp/mo046
 fi
 [[ $what == b || $what == all ]] && make_one modelopt-0.47.0-tp1-etp1-ep8 tp1-etp1-ep8 true
