@@ -24,6 +24,10 @@ b. ``_ParallelLinear.modelopt_post_restore`` (reached from the grouped linear's 
 c. ``_MegatronRowParallelLinear._get_shard_axis_dict`` only resolved ``weight_quantizer.0``/``.1``;
    it now resolves the quantizer of every key, so experts >= 2 with block-shaped static amax are
    TP-sharded like expert 0.
+d., e. back-compat loading of older checkpoints (ModelOpt <= 0.46 shared weight-quantizer
+   amax; 0.47.0 checkpoints with experts' amax missing): harness/fix/legacy_load.py. These
+   are runtime-only (e wraps megatron-core's ``dist_checkpointing.load``); the upstream diff
+   under patches/ carries a-c.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import functools
 import inspect
 import re
 
-from . import TransformerEngineMissing
+from . import TransformerEngineMissing, legacy_load
 
 _MARK = "__moe_ckpt_fix__"  # set on every function this module installs (idempotency)
 # Keys of the per-expert state dicts that (a) targets: "{gemm_idx}.weight_quantizer.{sub}".
@@ -226,17 +230,26 @@ def apply() -> str:
     new_post = parallel.modelopt_post_restore
     if not getattr(new_post, _MARK, False):
         new_post = wrap_post_restore(new_post)
+    new_extra = mp.quant_module_set_extra_state
+    if not getattr(new_extra, _MARK, False):
+        new_extra = legacy_load.wrap_set_extra_state(new_extra)
 
     mp.make_sharded_tensors_for_checkpoint = new_make
     grouped.sharded_state_dict = new_ssd
     parallel.modelopt_post_restore = new_post
     row._get_shard_axis_dict = row_parallel_shard_axis_dict
+    # Read by name when modelopt registers each QuantModule's extra-state callbacks (at
+    # quantize / restore time, after this apply()).
+    mp.quant_module_set_extra_state = new_extra
+    legacy_load.install_dist_load()
 
     _applied = (
         "nvidia-modelopt 0.47.0 patched (harness.fix): "
         "(a) per-expert weight_quantizer sharded entries of _QuantMegatronTEGroupedLinear use the "
         "expert TP/DP groups, replica_id=(0, etp_rank, edp_rank); "
         "(b) _ParallelLinear.modelopt_post_restore keeps every GroupedQuantizer member's amax; "
-        "(c) _MegatronRowParallelLinear._get_shard_axis_dict resolves every weight_quantizer.{i}"
+        "(c) _MegatronRowParallelLinear._get_shard_axis_dict resolves every weight_quantizer.{i}; "
+        "(d, e) older checkpoints load: a pre-0.47 shared weight-quantizer amax goes to every "
+        "expert, an expert amax missing from the checkpoint is re-derived by max calibration"
     )
     return _applied
