@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import defaultdict
 from pathlib import Path
 
 from .launch import run_stage
@@ -31,16 +33,61 @@ def _spec(cell: Cell, stage: str, topo, save_dir: Path) -> StageSpec:
     )
 
 
+_save_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+
+
 def run_save(cell: Cell, run_dir: Path):
-    """The save stage for ``cell.save_id``; reused when an earlier cell already ran it."""
+    """The save stage for ``cell.save_id``; reused when an earlier cell already ran it.
+
+    Golden cells have no save-only cell to run first, so concurrent loads of one golden
+    serialize here on its preparation.
+    """
     save_dir = run_dir / "saves" / _safe(cell.save_id)
+    with _save_locks[str(save_dir)]:
+        return _run_save_once(cell, save_dir)
+
+
+def _run_save_once(cell: Cell, save_dir: Path):
     done = save_dir / "stage.json"
     if done.exists():
         return json.loads(done.read_text())
-    spec = _spec(cell, "save", cell.save, save_dir)
-    outcome = _launch(spec, save_dir, cell)
+    if cell.golden:
+        outcome = prepare_golden(cell.golden, save_dir)
+    else:
+        outcome = _launch(_spec(cell, "save", cell.save, save_dir), save_dir, cell)
     done.write_text(json.dumps(outcome, indent=2))
     return outcome
+
+
+def prepare_golden(name: str, save_dir: Path) -> dict:
+    """Stand-in for a save stage: a verified copy of the golden and its expected state.
+
+    The copy (harness.golden.copy_to_temp) keeps the committed bytes out of every load's reach;
+    the layout comes from the checkpoint's metadata before anything loads it.
+    """
+    import shutil
+    import time
+
+    from .golden import copy_to_temp
+    from .golden_expect import expected_state, read_checkpoint_tensors, write_reference
+    from .inspect_ckpt import inspect_checkpoint
+    from .scenarios import GOLDEN_DIR, golden_topology
+
+    start = time.monotonic()
+    save_dir.mkdir(parents=True, exist_ok=True)
+    copy = copy_to_temp(GOLDEN_DIR / name, into=save_dir)
+    shutil.move(str(copy / "ckpt"), str(save_dir / "ckpt"))
+    shutil.rmtree(copy.parent)
+    layout = inspect_checkpoint(save_dir / "ckpt")
+    exp = expected_state(read_checkpoint_tensors(save_dir / "ckpt"))
+    write_reference(exp, save_dir / "reference", golden_topology(name).id)
+    summary = (f"golden {name}: layout {layout.kind}, "
+               f"{sum(len(v) for v in layout.missing.values())} expert amax missing; "
+               f"expected state {exp.summary()}")
+    return {"stage": "golden", "ok": True, "wall_s": round(time.monotonic() - start, 2),
+            "timed_out": False, "teardown_s": None, "leftovers": [], "cause": None,
+            "secondaries": [], "summary": summary,
+            "rank_results": {"0": {"layout": layout.as_json(), "expected": exp.summary()}}}
 
 
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> dict:
@@ -164,10 +211,20 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     rec.durations.update({f"load.{k}": v for k, v in _rank0(load).get("durations", {}).items()})
     if not load["ok"]:
         _judge_failure(rec, load, "fail-load")
+        if rec.expected == "not-restored" and not load.get("timed_out"):
+            rec.outcome = "bug-reproduced"  # any clean refusal to load counts; the cause says which
         return _finish(rec, cell, run_dir)
     rec.verify = _rank0(load).get("verify", {})
     problems = _verify_problems(rec.verify, s.known_gaps)
-    if rec.expected == "amax-lost":
+    if rec.expected == "not-restored":
+        if problems:
+            rec.outcome, rec.failed_stage = "bug-reproduced", "verify"
+            rec.message = "; ".join(problems)
+        else:
+            rec.outcome = "unexpected-pass"
+            rec.reason = ("expected unpatched modelopt to fail restoring this golden checkpoint, "
+                          "but every tensor matched: older checkpoints now load without the fix")
+    elif rec.expected == "amax-lost":
         _judge_amax_lost(rec, s.known_gaps, problems)
     elif rec.expected in ("fail-load", "fail-save"):
         rec.outcome, rec.reason = "unexpected-pass", bug_gone_message(cell)

@@ -7,6 +7,7 @@ model's sizes here, at collection, so a bad grid fails with the broken constrain
 from __future__ import annotations
 
 import fnmatch
+import functools
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from .model import CPU_SIZE, GPU_SIZE, ModelSize
 from .topology import Topology, TopologyError
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "golden"
 EXPECT_MODES = ("pass", "oracle")
 
 
@@ -52,8 +54,11 @@ class Scenario:
     stage_timeout_s: float = 300.0
     markers: tuple[str, ...] = ()
     source: str = ""
+    goldens: tuple[str, ...] = ()  # tests/golden/<name>: committed checkpoints instead of saves
 
     def cells(self) -> list["Cell"]:
+        if self.goldens:
+            return [Cell(self, golden_topology(g), l, golden=g) for g in self.goldens for l in self.loads]
         out = [Cell(self, s, None) for s in self.saves]
         pairs = [(s, l) for s in self.saves for l in self.loads] + list(self.pairs)
         out += [Cell(self, s, l) for s, l in pairs]
@@ -65,21 +70,25 @@ class Cell:
     scenario: Scenario
     save: Topology
     load: Topology | None
+    golden: str = ""  # set: the "save" is this committed golden checkpoint, not a save stage
 
     @property
     def id(self) -> str:
         tail = f"load={self.load.id}" if self.load else "save-only"
-        return f"{self.scenario.name}[save={self.save.id},{tail}]"
+        head = f"golden={self.golden}" if self.golden else f"save={self.save.id}"
+        return f"{self.scenario.name}[{head},{tail}]"
 
     @property
     def save_id(self) -> str:
         """Cells that share a save (same scenario settings and topology) share one checkpoint."""
         s = self.scenario
+        if self.golden:
+            return f"golden-{self.golden}"
         return f"{s.tier}-{s.backend}-{s.patch}-{self.save.id}"
 
     @property
     def expected(self) -> str:
-        """pass | fail-save | fail-load | amax-lost, from the scenario's expectation mode.
+        """pass | fail-save | fail-load | amax-lost | not-restored, from the expectation mode.
 
         ``oracle``: the collision rule (harness/oracle.py) for the save, then the load topology;
         then, unpatched on TEGroupedMLP, the second bug (findings.md): ``load_state_dict``
@@ -89,6 +98,8 @@ class Cell:
         s = self.scenario
         if s.expect == "pass":
             return "pass"
+        if self.golden and s.patch == "none" and golden_layout(self.golden) != "complete":
+            return "not-restored"
         rule = "fixed" if s.patch == "fix" else "buggy"
         if oracle.predicts_failure(self.save, rule):
             return "fail-save"
@@ -101,7 +112,45 @@ class Cell:
 
     @property
     def world(self) -> int:
+        if self.golden:  # no save stage runs
+            return self.load.world_size
         return max(self.save.world_size, self.load.world_size if self.load else 0)
+
+
+def golden_manifest(name: str) -> dict:
+    from .golden import read_manifest
+
+    return read_manifest(GOLDEN_DIR / name)
+
+
+def golden_topology(name: str) -> Topology:
+    return Topology.parse(golden_manifest(name)["topology"])
+
+
+@functools.lru_cache(maxsize=None)
+def golden_layout(name: str) -> str:
+    """complete | shared | incomplete, from the golden's metadata (python -m harness inspect).
+
+    Unpatched 0.47.0 cannot restore a shared (<= 0.46) or incomplete checkpoint: those cells
+    expect ``not-restored`` (the load raises, or the loaded state differs from the checkpoint).
+    """
+    from .inspect_ckpt import inspect_checkpoint
+
+    lay = inspect_checkpoint(GOLDEN_DIR / name / "ckpt")
+    if lay.kind == "shared":
+        return "shared"
+    return "incomplete" if lay.missing or lay.kind != "per-expert" else "complete"
+
+
+def _golden_size(names: list[str], where: str) -> dict:
+    sizes = []
+    for n in names:
+        if not (GOLDEN_DIR / n / "manifest.json").is_file():
+            raise ScenarioError(f"{where}: golden {n!r} not found under {GOLDEN_DIR}")
+        sizes.append(golden_manifest(n).get("size") or {})
+    if any(sz != sizes[0] for sz in sizes) or not sizes[0]:
+        raise ScenarioError(f"{where}: goldens {names} must record one and the same model size")
+    return sizes[0]
 
 
 def _topologies(raw, size: ModelSize, where: str) -> tuple[Topology, ...]:
@@ -123,8 +172,12 @@ def load_scenario(path: Path) -> Scenario:
         raise ScenarioError(f"{where}: missing required field {exc}") from None
     if data.get("expect", "oracle") not in EXPECT_MODES:
         raise ScenarioError(f"{where}: expect must be one of {EXPECT_MODES}")
+    goldens = list(data.get("goldens", []))
+    if goldens and data.get("saves"):
+        raise ScenarioError(f"{where}: a scenario has either saves or goldens, not both")
     size = ModelSize(**{**(CPU_SIZE if backend == "local" else GPU_SIZE).as_dict(),
-                        **data.get("model", {})})
+                        **data.get("model", {}),
+                        **(_golden_size(goldens, where) if goldens else {})})
     pairs = tuple(
         (_topologies([s], size, where)[0], _topologies([l], size, where)[0])
         for s, l in data.get("pairs", [])
@@ -146,6 +199,7 @@ def load_scenario(path: Path) -> Scenario:
         stage_timeout_s=float(data.get("stage_timeout_s", 300)),
         markers=tuple(data.get("markers", [])),
         source=str(path),
+        goldens=tuple(goldens),
     )
 
 

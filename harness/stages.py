@@ -135,7 +135,8 @@ def load_stage(spec: StageSpec) -> dict:
     elif not _runs_logits(spec, saved_pp):
         verify["logits_skipped"] = "pipeline parallel (pp > 1) on the save or load side"
     else:
-        verify["logits_skipped"] = "no checkpoint logits (unpatched TEGroupedMLP reload drops amax)"
+        verify["logits_skipped"] = ("no reference logits for this checkpoint (unpatched "
+                                    "TEGroupedMLP reload drops amax, or a golden checkpoint)")
     clock.lap("verify")
     return {"durations": clock.durations, "verify": verify}
 

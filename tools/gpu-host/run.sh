@@ -6,6 +6,8 @@
 #   fix1, fix2 the patched grid (gpu-shared) in two halves (one call each) + world-1 on tier gpu
 #   record     metadata recordings for tests/data/recorded (buggy and patched)
 #   repro      make repro (timed)
+#   golden     the golden checkpoints (tests/golden) loaded patched and unpatched
+#   nano       the Nano QAD fix cell three times concurrently (its logits anomaly in fix2)
 set -uo pipefail
 source /root/gw/base/env.sh
 export HARNESS_PYTHON=system PYTHONUNBUFFERED=1
@@ -27,6 +29,12 @@ case "$1" in
       --cells '*save=tp2-etp1-ep2-pp1*' --cells '*save=tp4-etp1-ep8-pp1*' ;;
   fix2) $H run --label fix2 --jobs 6 --scenario gpu-fix --scenario gpu-world1 \
       --cells '*save=tp1-etp1-ep8-pp1*' --cells '*save=tp2-etp2-ep4-pp1*' --cells 'gpu-world1*' ;;
+  golden) $H run --label golden --jobs 8 --scenario gpu-golden --scenario gpu-golden-witness ;;
+  nano)  # the Nano QAD cell (save tp1-etp1-ep8 -> load tp4-etp1-ep8, patched) three times at once
+    for i in 1 2 3; do
+      $H run --label nano$i --jobs 2 --scenario gpu-fix \
+        --cells 'gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' > "$OUT/nano$i.log" 2>&1 &
+    done; wait; tail -n 8 "$OUT"/nano*.log ;;
   record)  # buggy and patched metadata of 6 topologies, 4 dumps at a time
     for t in tp2-etp1-ep2 tp1-etp2-ep1 tp4-etp1-ep8 tp1-etp1-ep8 tp2-etp2-ep4 tp2-etp1-ep1; do
       for p in none fix; do echo "$t $p"; done
