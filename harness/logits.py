@@ -9,6 +9,12 @@ every tensor and amax bit-exact, 0.0 at the same topology). The quantizer state 
 compared bit for bit elsewhere; ``nvfp4`` figures are reported.
 
 Pipeline-parallel forward needs a schedule; cells with pp > 1 on either side skip logits.
+
+Routing: the plain pass also records every MoE router's (token, expert) selection. Top-k routing
+is discontinuous: a bf16-level change in router logits between TP/EP splits can send a token to
+another expert, which moves that token's logits far more than rounding does. Tokens whose
+expert choice differs anywhere are counted (``routing_flips``) and the deviation of the tokens
+routed identically in every layer is reported separately (``logits_plain_same_routing``).
 """
 from __future__ import annotations
 
@@ -33,11 +39,29 @@ def _gather_tp(local: torch.Tensor) -> torch.Tensor | None:
     return torch.cat(parts, dim=-1).float().cpu() if owner else None
 
 
+def _record_routing(model) -> tuple[dict, list]:
+    """Forward hooks on every router: name -> boolean [tokens, experts] selection map."""
+    from megatron.core.transformer.moe.router import Router
+
+    maps, handles = {}, []
+    for name, mod in model.named_modules():
+        if isinstance(mod, Router):
+            def hook(_m, _inp, out, name=name):
+                maps[name] = out[1].detach().bool().cpu()
+            handles.append(mod.register_forward_hook(hook))
+    return maps, handles
+
+
 def probe_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch.Tensor] | None:
-    """{"plain": ..., "nvfp4": ...} on the rank that owns full logits (tp 0, dp 0), else None."""
+    """{"plain", "nvfp4", "routing"} on the rank that owns full logits (tp 0, dp 0), else None."""
     batch = sample_batch(size, PROBE_SEED, device)
-    with quantizers_bypassed(model):
-        out = {"plain": _gather_tp(forward(model, batch))}
+    routing, handles = _record_routing(model)
+    try:
+        with quantizers_bypassed(model):
+            out = {"plain": _gather_tp(forward(model, batch)), "routing": routing}
+    finally:
+        for h in handles:
+            h.remove()
     if tier != "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
         out["nvfp4"] = _gather_tp(forward(model, batch))
     return out if out["plain"] is not None else None
@@ -58,12 +82,41 @@ def _figures(got: torch.Tensor, ref: torch.Tensor) -> dict:
     }
 
 
+def same_routing_tokens(got: dict, ref: dict, batch_shape: tuple[int, int]) -> torch.Tensor | None:
+    """[batch, seq] mask of tokens every router sent to the same experts in both passes.
+
+    Routers see hidden states as [seq, batch]: row ``s * batch + b`` is token (b, s).
+    """
+    if not got or set(got) != set(ref):
+        return None
+    b, s = batch_shape
+    same = torch.ones(s * b, dtype=torch.bool)
+    for name in ref:
+        if got[name].shape != ref[name].shape or got[name].shape[0] != s * b:
+            return None
+        same &= (got[name] == ref[name]).all(-1)
+    return same.reshape(s, b).t()
+
+
+def _routing_figures(logits: dict, ref: dict) -> dict:
+    plain, ref_plain = logits["plain"], ref["plain"]
+    same = same_routing_tokens(logits.get("routing"), ref.get("routing"), tuple(plain.shape[:2]))
+    if same is None:
+        return {}
+    out = {"routing_tokens": int(same.numel()), "routing_flips": int((~same).sum())}
+    if same.any():
+        out["logits_plain_same_routing"] = _figures(plain[same], ref_plain[same])
+    return out
+
+
 def compare_probe(logits: dict, reference_dir: Path, tier: str) -> dict:
     """Against the checkpoint's logits at the save topology (asserted for ``plain``), and the
     plain logits of the model as it was before saving (reported)."""
     ref = torch.load(reference_dir / "logits_checkpoint.pt")
     saved = torch.load(reference_dir / "logits_saved_model.pt")
-    out = {f"logits_{mode}": _figures(logits[mode], ref[mode]) for mode in logits if mode in ref}
+    out = {f"logits_{mode}": _figures(logits[mode], ref[mode])
+           for mode in ("plain", "nvfp4") if mode in logits and mode in ref}
+    out.update(_routing_figures(logits, ref))
     plain = out["logits_plain"]
     out["logits_plain_vs_saved_model_rel_diff"] = _figures(logits["plain"], saved["plain"])["rel_diff"]
     out.update(logits_rel_diff=plain["rel_diff"], logits_tolerance=TOLERANCE[tier],

@@ -8,6 +8,7 @@
 #   repro      make repro (timed)
 #   golden     the golden checkpoints (tests/golden) loaded patched and unpatched
 #   nano       the Nano QAD fix cell three times concurrently (its logits anomaly in fix2)
+#   routing    the Nano cell + a passing tp4-etp1-ep8 load, router selections compared
 set -uo pipefail
 source /root/gw/base/env.sh
 export HARNESS_PYTHON=system PYTHONUNBUFFERED=1
@@ -35,6 +36,10 @@ case "$1" in
       $H run --label nano$i --jobs 2 --scenario gpu-fix \
         --cells 'gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' > "$OUT/nano$i.log" 2>&1 &
     done; wait; tail -n 8 "$OUT"/nano*.log ;;
+  routing)  # the Nano cell and a passing tp4-etp1-ep8 load, with router selections recorded
+    $H run --label routing --jobs 4 --scenario gpu-fix \
+      --cells 'gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' \
+      --cells 'gpu-fix[save=tp2-etp2-ep4-pp1,load=tp4-etp1-ep8-pp1]' ;;
   record)  # buggy and patched metadata of 6 topologies, 4 dumps at a time
     for t in tp2-etp1-ep2 tp1-etp2-ep1 tp4-etp1-ep8 tp1-etp1-ep8 tp2-etp2-ep4 tp2-etp1-ep1; do
       for p in none fix; do echo "$t $p"; done
