@@ -15,6 +15,12 @@ is discontinuous: a bf16-level change in router logits between TP/EP splits can 
 another expert, which moves that token's logits far more than rounding does. Tokens whose
 expert choice differs anywhere are counted (``routing_flips``) and the deviation of the tokens
 routed identically in every layer is reported separately (``logits_plain_same_routing``).
+Measured on the H200 (docs/runs/20261202-151428-routing): save tp1-etp1-ep8 -> load
+tp4-etp1-ep8 with every tensor bit-exact on all 8 ranks had whole-batch plain logits 0.313 rel
+off, from ONE of 32 tokens taking another expert; the other 31 tokens were 0.0065 off, like
+every other cell. So the asserted figure is the identically routed tokens' deviation, and at
+most ``MAX_FLIP_FRACTION`` of the tokens may flip (router weights are compared bit for bit
+elsewhere; many flips would mean the forward differs beyond rounding).
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from .quant import quantizers_bypassed
 PROBE_SEED = 7
 # Relative max-abs tolerance of the asserted ``plain`` logits: fp32 on the cpu tier, bf16 on GPUs.
 TOLERANCE = {"cpu": 1e-4, "gpu-shared": 5e-2, "gpu": 5e-2}
+MAX_FLIP_FRACTION = 0.125  # of the probe tokens (4 of 32): a flip needs a near-tie in router scores
 
 
 def _gather_tp(local: torch.Tensor) -> torch.Tensor | None:
@@ -87,7 +94,7 @@ def same_routing_tokens(got: dict, ref: dict, batch_shape: tuple[int, int]) -> t
 
     Routers see hidden states as [seq, batch]: row ``s * batch + b`` is token (b, s).
     """
-    if not got or set(got) != set(ref):
+    if not got or not ref or set(got) != set(ref):
         return None
     b, s = batch_shape
     same = torch.ones(s * b, dtype=torch.bool)
@@ -117,8 +124,23 @@ def compare_probe(logits: dict, reference_dir: Path, tier: str) -> dict:
     out = {f"logits_{mode}": _figures(logits[mode], ref[mode])
            for mode in ("plain", "nvfp4") if mode in logits and mode in ref}
     out.update(_routing_figures(logits, ref))
-    plain = out["logits_plain"]
     out["logits_plain_vs_saved_model_rel_diff"] = _figures(logits["plain"], saved["plain"])["rel_diff"]
-    out.update(logits_rel_diff=plain["rel_diff"], logits_tolerance=TOLERANCE[tier],
-               logits_ok=plain["rel_diff"] <= TOLERANCE[tier])
+    out.update(judge_logits(out, tier))
     return out
+
+
+def judge_logits(figures: dict, tier: str) -> dict:
+    """The asserted figures from ``compare_probe``'s measurements (see module docstring).
+
+    Without routing records (older references) or with every token flipped, the whole batch's
+    plain logits are what is asserted.
+    """
+    asserted = figures.get("logits_plain_same_routing", figures["logits_plain"])
+    allowed = int(MAX_FLIP_FRACTION * figures.get("routing_tokens", 0))
+    return {
+        "logits_rel_diff": asserted["rel_diff"],
+        "logits_tolerance": TOLERANCE[tier],
+        "routing_flips_allowed": allowed,
+        "logits_ok": asserted["rel_diff"] <= TOLERANCE[tier]
+        and figures.get("routing_flips", 0) <= allowed,
+    }

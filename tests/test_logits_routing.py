@@ -1,0 +1,90 @@
+"""Logits criterion with MoE routing flips (harness/logits.py), cpu tier, no model needed.
+
+Expectations: the rule in logits.py's docstring, and the recorded H200 run in which one of 32
+probe tokens changed experts (docs/runs/20261202-151428-routing.results.json).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.logits import compare_probe, judge_logits, same_routing_tokens
+
+B, S, V, E = 2, 16, 8, 4
+RUNS = Path(__file__).resolve().parent.parent / "docs" / "runs"
+
+
+def _routing(flip_rows=()):
+    m = torch.zeros(S * B, E, dtype=torch.bool)
+    m[:, 0] = m[:, 1] = True
+    for r in flip_rows:
+        m[r] = torch.tensor([False, False, True, True])
+    return {"decoder.layers.0.mlp.router": m}
+
+
+def _write(ref_dir: Path, logits: torch.Tensor, routing) -> None:
+    probe = {"plain": logits, "routing": routing} if routing is not None else {"plain": logits}
+    torch.save(probe, ref_dir / "logits_checkpoint.pt")
+    torch.save(probe, ref_dir / "logits_saved_model.pt")
+
+
+@pytest.fixture
+def ref(tmp_path):
+    logits = torch.linspace(-1, 1, B * S * V).reshape(B, S, V)
+    return tmp_path, logits
+
+
+@pytest.mark.cpu
+def test_router_rows_are_seq_major(ref):
+    same = same_routing_tokens(_routing([3 * B + 1]), _routing(), (B, S))
+    assert same.shape == (B, S) and (~same).sum() == 1 and not same[1, 3]
+
+
+@pytest.mark.cpu
+def test_one_flipped_token_is_reported_not_failed(ref):
+    d, logits = ref
+    _write(d, logits, _routing())
+    got = logits.clone()
+    got[1, 3] += 0.5  # the flipped token's logits move a lot
+    out = compare_probe({"plain": got, "routing": _routing([3 * B + 1])}, d, "gpu-shared")
+    assert out["routing_flips"] == 1 and out["logits_plain"]["rel_diff"] > 0.3
+    assert out["logits_rel_diff"] == 0.0 and out["logits_ok"]
+
+
+@pytest.mark.cpu
+def test_too_many_flips_fail(ref):
+    d, logits = ref
+    _write(d, logits, _routing())
+    out = compare_probe({"plain": logits, "routing": _routing(range(5))}, d, "gpu-shared")
+    assert out["routing_flips"] == 5 > out["routing_flips_allowed"] == 4 and not out["logits_ok"]
+
+
+@pytest.mark.cpu
+def test_same_routing_but_different_logits_fail(ref):
+    d, logits = ref
+    _write(d, logits, _routing())
+    out = compare_probe({"plain": logits * 1.2, "routing": _routing()}, d, "gpu-shared")
+    assert out["routing_flips"] == 0 and not out["logits_ok"]
+
+
+@pytest.mark.cpu
+def test_references_without_routing_judge_the_whole_batch(ref):
+    d, logits = ref
+    _write(d, logits, None)
+    got = logits.clone()
+    got[1, 3] += 0.5
+    out = compare_probe({"plain": got, "routing": _routing()}, d, "gpu-shared")
+    assert "routing_flips" not in out and not out["logits_ok"]
+
+
+@pytest.mark.cpu
+def test_recorded_nano_cell_passes_once_its_flip_is_accounted_for():
+    doc = json.loads((RUNS / "20261202-151428-routing.results.json").read_text())
+    cell = next(c for c in doc["cells"] if c["cell_id"] == "gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]")
+    v = cell["verify"]
+    assert v["mismatch_count"] == 0 and v["ranks_compared"] == 8 and not v["missing_keys"]
+    assert v["logits_plain"]["rel_diff"] > 0.3 and v["routing_flips"] == 1
+    assert judge_logits(v, cell["tier"])["logits_ok"]
