@@ -6,6 +6,7 @@ guard, which records it as this rank's error and tears the rank down.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -113,7 +114,12 @@ def load_stage(spec: StageSpec) -> dict:
     restore_modelopt_state(model, ckpt)
     metadata = sharded_metadata(spec.singleton_local_shards)
     inject.point("before_load")
-    result = load_checkpoint(model, ckpt, metadata, spec.strict_load, spec.validate_sharding)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.filterwarnings("always", message="moe-ckpt-fix")
+        result = load_checkpoint(model, ckpt, metadata, spec.strict_load, spec.validate_sharding)
+    notices = [str(w.message) for w in caught if str(w.message).startswith("moe-ckpt-fix")]
+    for text in notices:  # still in this rank's log
+        print(f"warning: {text}", flush=True)
     clock.lap("load")
 
     ref_dir = Path(spec.reference_dir)
@@ -123,6 +129,9 @@ def load_stage(spec: StageSpec) -> dict:
     torch.distributed.all_gather_object(per_rank, cmp)
     verify = compare.merge(per_rank, reference)
     verify["replica_disagreements"] = disagreeing
+    all_notices = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(all_notices, notices)
+    verify["load_warnings"] = sorted({n for per in all_notices for n in per})
     verify["load_state_dict"] = {
         "missing": list(getattr(result, "missing_keys", []))[:20],
         "unexpected": list(getattr(result, "unexpected_keys", []))[:20],

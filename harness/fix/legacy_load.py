@@ -38,6 +38,10 @@ class LegacyCheckpointError(RuntimeError):
     """An older checkpoint's quantizer state cannot be mapped onto this model (message says why)."""
 
 
+class LegacyCheckpointWarning(UserWarning):
+    """An expert's amax did not come from its own checkpoint entry (the message names experts)."""
+
+
 # --- (d) legacy shared weight_quantizer state -> every expert -------------------------------------
 def legacy_grouped_state(module, state):
     """``state`` with the legacy shared ``weight_quantizer`` entry copied to each expert's name."""
@@ -180,13 +184,13 @@ def _fill(state, plan, checkpoint_dir, request):
         warnings.warn(
             f"moe-ckpt-fix: {checkpoint_dir} holds the pre-0.47 shared {legacy}; experts "
             f"{sorted(experts)} take that value (what ModelOpt <= 0.46 used for every expert)",
-            stacklevel=3)
+            LegacyCheckpointWarning, stacklevel=3)
     for linear, experts in derived.items():
         warnings.warn(
             f"moe-ckpt-fix: {checkpoint_dir} has no weight-quantizer amax for experts "
             f"{sorted(experts)} of {linear} (saved at TP != ETP without sharding validation?); "
             "re-derived from the loaded weights by max calibration (max|W| per expert)",
-            stacklevel=3)
+            LegacyCheckpointWarning, stacklevel=3)
 
 
 def wrap_dist_load(load):
