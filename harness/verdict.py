@@ -15,6 +15,9 @@ save -> load cell). Per job and per modelopt version the verdict is one of:
 - ``UNEXPECTED FAILURE``: an evidence cell failed in a way the grid did not predict; the only
   verdict that makes ``main`` exit non-zero.
 
+A recorded cell that failed only an older logits criterion is judged again under today's
+(``rejudged``: the note says so), so evidence recorded before a criterion change still counts.
+
 Evidence comes from results.json files (``--results``, judged one by one and, where several
 share a modelopt version, together), or, with none given, from running the cells now.
 """
@@ -114,12 +117,38 @@ def _note(cell: Cell, rec: Mapping[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
+def rejudged(cell: Cell, rec: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, str]:
+    """``rec`` judged again under today's logits rule, and a note saying so when that changes it.
+
+    Only a cell expected to pass that failed nothing but its logits check can change: its
+    recorded figures (routing flips, identically routed tokens) are judged by
+    ``harness.logits.judge_logits``; every other check is re-applied as recorded.
+    """
+    from .logits import judge_logits
+    from .runner import _verify_problems
+
+    if (not rec or rec.get("outcome") != "unexpected-failure" or rec.get("failed_stage") != "verify"
+            or cell.expected != "pass" or "logits_plain" not in (rec.get("verify") or {})):
+        return rec, ""
+    verify = {**rec["verify"], **judge_logits(rec["verify"], rec["tier"])}
+    if _verify_problems(verify, cell.scenario.known_gaps):
+        return rec, ""
+    return {**rec, "outcome": "pass", "verify": verify}, (
+        f"recorded as unexpected-failure (logits); re-judged pass under the current logits rule: "
+        f"{verify.get('routing_flips', 0)} routing flip(s), identically routed tokens rel "
+        f"{verify['logits_rel_diff']:.3g}")
+
+
 def judge(job: Job, witness: list[Cell], fix: list[Cell],
           records: Mapping[str, Mapping[str, Any]]) -> Verdict:
     """The verdict for one job from ``records`` (cell id -> results.json record)."""
-    rows = [(c, "witness", records.get(c.id)) for c in witness]
-    rows += [(c, "fix", records.get(c.id)) for c in fix]
-    evidence = [Evidence(c.id, role, r["outcome"] if r else "missing", _note(c, r))
+    rows, notes = [], {}
+    for role, cells in (("witness", witness), ("fix", fix)):
+        for c in cells:
+            rec, notes[c.id] = rejudged(c, records.get(c.id))
+            rows.append((c, role, rec))
+    evidence = [Evidence(c.id, role, r["outcome"] if r else "missing",
+                         "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
                 for c, role, r in rows]
     tier = (witness or fix)[0].scenario.tier
     v = lambda word, detail: Verdict(job, word, detail, tier, evidence)  # noqa: E731
