@@ -207,8 +207,9 @@ def render(lay: Layout) -> str:
     if lay.missing:
         n = sum(len(v) for v in lay.missing.values())
         lines.append(f"WARNING: {n} expert weight-quantizer amax missing (a checkpoint saved at "
-                     "TP != ETP with sharding validation off?): loading it leaves those experts "
-                     "uncalibrated")
+                     "TP != ETP with sharding validation off?): unpatched modelopt 0.47.0 cannot restore "
+                     "them; with harness.fix they are re-derived from the weights by max calibration "
+                     "(a warning names them)")
     return "\n".join(lines)
 
 
