@@ -10,6 +10,12 @@
 # builds a standalone venv from requirements/ with the pin replaced instead (minutes).
 #   Local wheels: a wheel in .whl-<V> (e.g. `pip download --no-deps nvidia-modelopt==0.46.1
 #   -d .whl-046`) is used offline; name the dir in MATRIX_WHEEL_DIR, or it tries .whl-<digits>.
+# GPU hosts with the stack on the system python / PYTHONPATH and no registry (the lent H200:
+# wheelhouse under /root/site), MATRIX_ENV_MODE=system: no venv. .venv-modelopt-<V>/bin/python
+# is a wrapper putting .venv-modelopt-<V>/site FIRST on PYTHONPATH (PYTHONPATH entries precede
+# every site-packages, so a venv could not shadow the wheelhouse) and exec'ing the host python
+# (MATRIX_BASE_PYTHON, default python3); ranks inherit PYTHONPATH. The version's wheel comes
+# from .whl-<V> (offline); a version the host already has gets an empty site dir.
 # Inside the docker image (system python, TE installed) a git ref is installed with
 #   pip install "nvidia-modelopt @ git+https://github.com/NVIDIA/Model-Optimizer@<ref>"
 # into a --target dir put first on PYTHONPATH; documented here, NOT run by this script.
@@ -34,9 +40,25 @@ if [ -d "$wheeldir" ] && ls "$wheeldir"/nvidia_modelopt-"$V"-*.whl >/dev/null 2>
   find_links=(--find-links "$wheeldir"); echo "matrix-env: using wheel from $wheeldir" >&2
 fi
 rm -rf "$ENV"
+if [ "$MODE" = system ]; then
+  syspy=$(command -v "${MATRIX_BASE_PYTHON:-python3}")
+  mkdir -p "$ENV/bin" "$ENV/site"
+  have=$("$syspy" -c 'from importlib.metadata import version; print(version("nvidia-modelopt"))' 2>/dev/null || true)
+  if [ "$have" != "$V" ]; then
+    [ ${#find_links[@]} -gt 0 ] || { echo "matrix-env: system mode needs nvidia-modelopt $V's wheel in $wheeldir (no registry assumed)" >&2; exit 2; }
+    timeout "$T" "$syspy" -m pip --disable-pip-version-check -q install --no-deps --no-index \
+      "${find_links[@]}" --target "$ENV/site" "$src" >&2
+  fi
+  printf '#!/usr/bin/env bash\n# matrix-env system mode: nvidia-modelopt %s first on PYTHONPATH\nexport PYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}"\nexec %s "$@"\n' \
+    "$V" "$PWD/$ENV/site" "$syspy" > "$ENV/bin/python"
+  chmod +x "$ENV/bin/python"
+else
 [ -x "$BASE/bin/python" ] || bash tools/bootstrap-venv.sh >&2
 basepy="$BASE/bin/python"
-if [ "$MODE" = layer ]; then
+fi
+if [ "$MODE" = system ]; then
+  :
+elif [ "$MODE" = layer ]; then
   timeout "$T" "$basepy" -m venv --without-pip "$ENV"
   site=$("$ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   basesite=$("$basepy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

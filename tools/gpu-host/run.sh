@@ -9,6 +9,7 @@
 #   golden     the golden checkpoints (tests/golden) loaded patched and unpatched
 #   nano       the Nano QAD fix cell three times concurrently (its logits anomaly in fix2)
 #   routing    the Nano cell + a passing tp4-etp1-ep8 load, router selections compared
+#   matrix     make matrix for 0.46.1 + 0.47.0 on the host's stack (carry .whl-046; NOT yet run)
 set -uo pipefail
 source /root/gw/base/env.sh
 export HARNESS_PYTHON=system PYTHONUNBUFFERED=1
@@ -40,6 +41,8 @@ case "$1" in
     $H run --label routing --jobs 4 --scenario gpu-fix \
       --cells 'gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' \
       --cells 'gpu-fix[save=tp2-etp2-ep4-pp1,load=tp4-etp1-ep8-pp1]' ;;
+  matrix)  # modelopt 0.46.1 (carry .whl-046) and 0.47.0, system mode of tools/matrix-env.sh
+    MATRIX_ENV_MODE=system MATRIX_BASE_PYTHON=python3 $H matrix --modelopt 0.46.1 --modelopt 0.47.0 ;;
   record)  # buggy and patched metadata of 6 topologies, 4 dumps at a time
     for t in tp2-etp1-ep2 tp1-etp2-ep1 tp4-etp1-ep8 tp1-etp1-ep8 tp2-etp2-ep4 tp2-etp1-ep1; do
       for p in none fix; do echo "$t $p"; done
