@@ -147,10 +147,8 @@ def _plan(sharded_state_dict, stored: set[str]):
             continue
         legacy = f"{m['prefix']}.{m['linear']}.weight_quantizer._amax"
         weight_path = by_key.get(sh.key[: -len("_quantizer._amax")])
-        if legacy not in stored and weight_path is None:
-            raise LegacyCheckpointError(
-                f"{sh.key} is neither in the checkpoint nor derivable (no legacy {legacy} and the "
-                "expert weight is not loaded on this rank)")
+        # An underivable entry is still taken out of the request and reported AFTER the
+        # collective load (_fill): raising here, on some ranks only, would hang the others.
         plan.append((path, sh, legacy if legacy in stored else None, weight_path))
     return plan
 
@@ -171,6 +169,10 @@ def _fill(state, plan, checkpoint_dir, request):
             value = value.reshape(sh.data.shape).clone()
             legacy_used.setdefault(legacy, []).append(int(m["expert"]))
         else:
+            if weight_path is None:
+                raise LegacyCheckpointError(
+                    f"{sh.key} is neither in {checkpoint_dir} nor derivable: no pre-0.47 shared "
+                    "amax and the expert's weight is not loaded on this rank")
             if sh.data.numel() != 1:
                 raise LegacyCheckpointError(
                     f"{sh.key} is absent and is not a per-tensor amax (shape "
