@@ -136,11 +136,24 @@ def judge_logits(figures: dict, tier: str) -> dict:
     plain logits are what is asserted.
     """
     asserted = figures.get("logits_plain_same_routing", figures["logits_plain"])
-    allowed = int(MAX_FLIP_FRACTION * figures.get("routing_tokens", 0))
-    return {
+    out = {
         "logits_rel_diff": asserted["rel_diff"],
         "logits_tolerance": TOLERANCE[tier],
-        "routing_flips_allowed": allowed,
-        "logits_ok": asserted["rel_diff"] <= TOLERANCE[tier]
-        and figures.get("routing_flips", 0) <= allowed,
+        "routing_flips_allowed": int(MAX_FLIP_FRACTION * figures.get("routing_tokens", 0)),
     }
+    out["logits_ok"] = not logits_problems({**figures, **out})
+    return out
+
+
+def logits_problems(figures: dict) -> list[str]:
+    """Why judged figures fail the logits rule (empty: they pass). Records judged before routing
+    was recorded carry no ``routing_flips_allowed``: only their tolerance applies."""
+    problems = []
+    flips, allowed = figures.get("routing_flips", 0), figures.get("routing_flips_allowed")
+    if allowed is not None and flips > allowed:
+        problems.append(f"{flips} of {figures['routing_tokens']} probe tokens routed to other "
+                        f"experts (at most {allowed} allowed)")
+    if figures["logits_rel_diff"] > figures["logits_tolerance"]:
+        problems.append(
+            f"logits differ: rel {figures['logits_rel_diff']:.3g} > {figures['logits_tolerance']}")
+    return problems

@@ -171,14 +171,9 @@ def _verify_problems(verify: dict, known_gaps) -> list[str]:
     if verify.get("unexpected_keys"):
         problems.append(f"keys not in the saved model: {verify['unexpected_keys'][0]}")
     if verify.get("logits_ok") is False:
-        flips, allowed = verify.get("routing_flips", 0), verify.get("routing_flips_allowed")
-        if allowed is not None and flips > allowed:
-            problems.append(f"{flips} of {verify['routing_tokens']} probe tokens routed to other "
-                            f"experts (at most {allowed} allowed)")
-        if verify["logits_rel_diff"] > verify["logits_tolerance"]:
-            problems.append(
-                f"logits differ: rel {verify['logits_rel_diff']:.3g} > {verify['logits_tolerance']}"
-            )
+        from .logits import logits_problems
+
+        problems += logits_problems(verify)
     return problems
 
 

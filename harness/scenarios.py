@@ -58,7 +58,8 @@ class Scenario:
 
     def cells(self) -> list["Cell"]:
         if self.goldens:
-            return [Cell(self, golden_topology(g), l, golden=g) for g in self.goldens for l in self.loads]
+            topos = {g: golden_topology(g) for g in self.goldens}  # one manifest read each
+            return [Cell(self, topos[g], l, golden=g) for g in self.goldens for l in self.loads]
         out = [Cell(self, s, None) for s in self.saves]
         pairs = [(s, l) for s in self.saves for l in self.loads] + list(self.pairs)
         out += [Cell(self, s, l) for s, l in pairs]

@@ -126,12 +126,10 @@ def load_stage(spec: StageSpec) -> dict:
     reference, disagreeing = compare.load_reference(ref_dir)
     cmp = compare.compare(model.sharded_state_dict(metadata=metadata), reference)
     per_rank = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(per_rank, cmp)
-    verify = compare.merge(per_rank, reference)
+    torch.distributed.all_gather_object(per_rank, (cmp, notices))
+    verify = compare.merge([c for c, _ in per_rank], reference)
     verify["replica_disagreements"] = disagreeing
-    all_notices = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(all_notices, notices)
-    verify["load_warnings"] = sorted({n for per in all_notices for n in per})
+    verify["load_warnings"] = sorted({n for _, per in per_rank for n in per})
     verify["load_state_dict"] = {
         "missing": list(getattr(result, "missing_keys", []))[:20],
         "unexpected": list(getattr(result, "unexpected_keys", []))[:20],

@@ -92,20 +92,13 @@ def _set(tree, path, value):
     tree[path[-1]] = value
 
 
-def checkpoint_tensor_keys(checkpoint_dir) -> set[str]:
-    from megatron.core.dist_checkpointing import load_tensors_metadata
-
-    return set(load_tensors_metadata(str(checkpoint_dir)))
-
-
-def read_tensor(checkpoint_dir, key: str, like):
-    """One whole tensor from a torch_dist checkpoint, read by this rank alone (no collective)."""
+def read_tensor(checkpoint_dir, meta, like):
+    """One whole tensor (``meta``: its entry of ``load_tensors_metadata``) from a torch_dist
+    checkpoint, read by this rank alone (no collective)."""
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from megatron.core.dist_checkpointing import load_tensors_metadata
-
-    meta = load_tensors_metadata(str(checkpoint_dir))[key]
+    key = meta.key
     out = {key: torch.empty(tuple(meta.global_shape), dtype=meta.dtype)}
     try:
         dcp.load(out, storage_reader=dcp.FileSystemReader(str(checkpoint_dir)), no_dist=True)
@@ -118,10 +111,10 @@ def read_tensor(checkpoint_dir, key: str, like):
 
 def _expert_weight_max(weight, like):
     """max|W| of the whole expert: this rank's shard, reduced over the expert TP group."""
+    import megatron.core.parallel_state as mpu
     import torch
 
     amax = weight.detach().abs().amax().to(torch.float32).reshape(1).to(weight.device)
-    import megatron.core.parallel_state as mpu
 
     if torch.distributed.is_initialized() and mpu.model_parallel_is_initialized():
         group = mpu.get_expert_tensor_parallel_group(check_initialized=False)
@@ -130,8 +123,9 @@ def _expert_weight_max(weight, like):
     return amax.to(like.dtype).reshape(like.shape).to(like.device)
 
 
-def _plan(sharded_state_dict, stored: set[str]):
-    """Absent per-expert amax requests: [(path, ShardedTensor, legacy key or None, weight path)]."""
+def _plan(sharded_state_dict, stored):
+    """Absent per-expert amax requests: [(path, ShardedTensor, key match, legacy key or None,
+    weight path)]. ``stored``: the checkpoint's tensor keys."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
     by_key = {}
@@ -149,18 +143,17 @@ def _plan(sharded_state_dict, stored: set[str]):
         weight_path = by_key.get(sh.key[: -len("_quantizer._amax")])
         # An underivable entry is still taken out of the request and reported AFTER the
         # collective load (_fill): raising here, on some ranks only, would hang the others.
-        plan.append((path, sh, legacy if legacy in stored else None, weight_path))
+        plan.append((path, sh, m, legacy if legacy in stored else None, weight_path))
     return plan
 
 
-def _fill(state, plan, checkpoint_dir, request):
+def _fill(state, plan, checkpoint_dir, stored, request):
     legacy_cache, legacy_used, derived = {}, {}, {}
     # Sorted by key so ETP peers (same experts, same absent keys) all-reduce in the same order.
-    for path, sh, legacy, weight_path in sorted(plan, key=lambda p: p[1].key):
-        m = _EXPERT_AMAX.match(sh.key)
+    for path, sh, m, legacy, weight_path in sorted(plan, key=lambda p: p[1].key):
         if legacy is not None:
             if legacy not in legacy_cache:
-                legacy_cache[legacy] = read_tensor(checkpoint_dir, legacy, sh.data)
+                legacy_cache[legacy] = read_tensor(checkpoint_dir, stored[legacy], sh.data)
             value = legacy_cache[legacy]
             if value.numel() != sh.data.numel():
                 raise LegacyCheckpointError(
@@ -200,15 +193,17 @@ def wrap_dist_load(load):
 
     @functools.wraps(load)
     def dist_checkpointing_load(sharded_state_dict, checkpoint_dir, *args, **kwargs):
-        stored = checkpoint_tensor_keys(checkpoint_dir)
+        from megatron.core.dist_checkpointing import load_tensors_metadata
+
+        stored = load_tensors_metadata(str(checkpoint_dir))  # key -> metadata, read once
         plan = _plan(sharded_state_dict, stored)
         if not plan:
             return load(sharded_state_dict, checkpoint_dir, *args, **kwargs)
-        for path, _, _, _ in plan:
+        for path, *_ in plan:
             del _get(sharded_state_dict, path[:-1])[path[-1]]
         result = load(sharded_state_dict, checkpoint_dir, *args, **kwargs)
         state = result[0] if isinstance(result, tuple) else result
-        _fill(state, plan, checkpoint_dir, sharded_state_dict)
+        _fill(state, plan, checkpoint_dir, stored, sharded_state_dict)
         return result
 
     setattr(dist_checkpointing_load, _MARK, True)
