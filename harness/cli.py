@@ -135,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
 
     mx = sub.add_parser("matrix", help="witness + fix scenarios against several modelopt versions")
     mx.add_argument("--modelopt", action="append", default=[],
-                    help="version (or git ref inside the docker image); default 0.46.1, 0.47.0")
+                    help="a release (0.48.0rc1), a local wheel file, or git:<ref> (docker "
+                         "image); repeatable; default: every version harness/versions.py knows")
+    mx.add_argument("--from", dest="from_runs", action="append", default=[],
+                    help="an earlier matrix run directory (or its matrix.json) to include; "
+                         "alone: render those rows without running anything")
     mx.set_defaults(fn=cmd_matrix)
 
     args = p.parse_args(argv)

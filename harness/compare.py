@@ -92,6 +92,7 @@ class Comparison:
     mismatches: list[dict] = field(default_factory=list)
     unexpected_keys: list[str] = field(default_factory=list)
     present_keys: list[str] = field(default_factory=list)
+    expert_amax: dict[str, str] = field(default_factory=dict)  # key -> AMAX_STATES entry
 
     def as_dict(self) -> dict:
         return {
@@ -101,6 +102,20 @@ class Comparison:
             "mismatch_count": len(self.mismatches),
             "unexpected_keys": self.unexpected_keys[:20],
         }
+
+
+# What a per-expert weight-quantizer amax holds after a load, worst first: a zero placeholder
+# (modelopt >= 0.48 registers one for every expert before loading), another value, or the
+# checkpoint's value. ``absent``: no rank's model has the buffer at all.
+AMAX_STATES = ("absent", "placeholder-zero", "differs", "restored")
+
+
+def _amax_state(got: torch.Tensor, want: torch.Tensor) -> str:
+    if got.shape == want.shape and torch.equal(got, want):
+        return "restored"
+    if not got.any() and want.any():
+        return "placeholder-zero"
+    return "differs"
 
 
 def is_expert_amax(key: str) -> bool:
@@ -117,7 +132,11 @@ def compare(sharded_sd, reference: dict[str, torch.Tensor]) -> Comparison:
             continue
         got, want = _local_view(sh), ref[_slices(sh)]
         out.keys_compared += 1
-        out.expert_amax_compared += is_expert_amax(sh.key)
+        if is_expert_amax(sh.key):
+            out.expert_amax_compared += 1
+            state = _amax_state(got, want)
+            prev = out.expert_amax.get(sh.key, "restored")
+            out.expert_amax[sh.key] = min(state, prev, key=AMAX_STATES.index)
         if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
             diff = (
                 (got.float() - want.float()).abs().max().item()
@@ -147,4 +166,35 @@ def merge(per_rank: list[Comparison], reference: dict[str, torch.Tensor]) -> dic
     figures = out.as_dict()
     figures["ranks_compared"] = len(per_rank)
     figures["missing_keys"] = missing_keys(reference, {k for c in per_rank for k in c.present_keys})
+    figures["expert_amax_state"] = expert_amax_state(per_rank, reference, figures["missing_keys"])
     return figures
+
+
+def expert_amax_state(per_rank: list[Comparison], reference, missing: list[str]) -> dict:
+    """Per saved expert amax key, what the loaded model holds (worst over its holders): counts
+    per AMAX_STATES entry and up to 8 example keys of each state but ``restored``."""
+    worst: dict[str, str] = {k: "absent" for k in missing if is_expert_amax(k)}
+    for c in per_rank:
+        for k, state in c.expert_amax.items():
+            worst[k] = min(state, worst.get(k, "restored"), key=AMAX_STATES.index)
+    counts = {state: sum(v == state for v in worst.values()) for state in AMAX_STATES}
+    examples = {state: sorted(k for k, v in worst.items() if v == state)[:8]
+                for state in AMAX_STATES if state != "restored" and counts[state]}
+    return {"saved": sum(is_expert_amax(k) for k in reference), **counts, "examples": examples}
+
+
+def restore_from_reference(sharded_sd, reference: dict[str, torch.Tensor]) -> int:
+    """Write the reference's value into every local tensor that differs from it (in place, so
+    the model uses it); returns how many were written. For measuring what the differences do."""
+    written = 0
+    for sh in _sharded_tensors(sharded_sd):
+        ref = reference.get(sh.key)
+        if ref is None:
+            continue
+        want = ref[_slices(sh)]
+        if torch.equal(_local_view(sh), want):
+            continue
+        with torch.no_grad():
+            sh.data.copy_(want.reshape(sh.data.shape).to(sh.data.dtype))
+        written += 1
+    return written

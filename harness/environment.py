@@ -11,7 +11,7 @@ import importlib.metadata as md
 import platform
 
 TIERS = ("cpu", "gpu-shared", "gpu")
-SUPPORTED = {"megatron-core": "0.19.2", "nvidia-modelopt": ("0.46.1", "0.47.0")}
+SUPPORTED = {"megatron-core": "0.19.2"}  # nvidia-modelopt: harness/versions.py knows each
 
 
 def version(dist: str) -> str | None:
@@ -84,9 +84,6 @@ def version_problem() -> str | None:
     mo = version("nvidia-modelopt")
     if mo is None:
         return "nvidia-modelopt is not installed"
-    if mo not in SUPPORTED["nvidia-modelopt"]:
-        return (
-            f"nvidia-modelopt {mo} installed; scenarios know {', '.join(SUPPORTED['nvidia-modelopt'])} "
-            "(the bug witness will say whether the bug still reproduces)"
-        )
-    return None
+    from .versions import behaviour_for
+
+    return behaviour_for(mo).notice(mo)

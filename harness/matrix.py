@@ -1,19 +1,21 @@
 """``python -m harness matrix [--modelopt V ...]``: the scenarios against several ModelOpt versions.
 
-Why: the report says the failure also hits an older checkpoint, and ModelOpt changed the
-grouped-MLP quantizer layout between 0.46.1 (one shared weight quantizer) and 0.47.0 (one per
-expert). One table must say, per version, what ran, on which tier, and with what outcome, so a
-"pass" on CPU is never mistaken for a GPU result.
+Why: users must know, per nvidia-modelopt release, what is broken, what is fixed and what
+happens to the checkpoints they already have. One table says, per version, what ran, on which
+tier, and with what outcome, so a "pass" on CPU is never mistaken for a GPU result. Every cell
+is judged by the expectations of the version its ranks imported (harness/versions.py).
 
-Per version: ``tools/matrix-env.sh V`` gives an environment (.venv-modelopt-V, layered on .venv);
-in it the matrix runs
-  * ``import``: does this modelopt import next to megatron-core on this machine (tier cpu);
-  * ``gpu-witness`` / ``gpu-fix``: ``python -m harness run`` of both scenarios (skipped with the
-    runner's reason without a GPU), plus one ``cpu-reshard`` cell (ModelOpt NVFP4 on megatron's
-    local-spec SequentialMLP, saved on 2 gloo ranks and reloaded on 1: exercises the version's
-    quantize + sharded save + restore on CPU, not TEGroupedMLP);
-  * ``oracle``: the oracle-vs-real-validation test for world 2 (megatron-core only; it builds the
-    amax ShardedTensors itself, so it does NOT exercise modelopt: a control that the env works).
+``V`` is a release (``0.48.0rc1``), a local wheel (``path/nvidia_modelopt-V-*.whl``) or, inside
+the docker image, a git ref (``git:<ref>``). Per version, ``tools/matrix-env.sh V`` gives an
+environment; in it the matrix runs
+  * ``import``: this modelopt next to megatron-core (and whether its megatron plugin imports);
+  * one ``python -m harness run`` of the decisive cells (``MATRIX_CELLS``): ``witness`` (unpatched,
+    the report's and the two jobs' shapes), ``second-bug`` (its loads where a rank holds several
+    experts: how many expert amax the model lost), ``fix`` (patched; only where harness.fix
+    applies), ``goldens`` (every committed golden loaded unpatched: what the model holds after),
+    ``cpu-reshard`` (ModelOpt NVFP4 on megatron's local-spec SequentialMLP, cpu tier; skipped
+    with the reason where the version's plugin needs TE). GPU cells skip without a GPU.
+  * ``oracle``: the oracle-vs-real-validation test for world 2 (megatron-core only: a control).
 Every step runs in its own process session with a timeout and is killed with its children.
 """
 from __future__ import annotations
@@ -31,16 +33,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_VERSIONS = ("0.46.1", "0.47.0")
-COLUMNS = ("import", "gpu-witness", "gpu-fix", "cpu-reshard", "oracle")
-RUN_SCENARIOS = ("gpu-witness", "gpu-fix", "cpu-reshard")
-CPU_CELL = "cpu-reshard[save=tp1-etp1-ep2-pp1,load=tp1-etp1-ep1-pp1]"
+COLUMNS = ("import", "witness", "second-bug", "fix", "goldens", "cpu-reshard", "oracle")
+SCENARIO_COLUMN = {"gpu-witness": "witness", "gpu-fix": "fix", "gpu-golden-witness": "goldens",
+                   "cpu-reshard": "cpu-reshard"}
+# The cells that decide a version's verdict, about 15 stages on the GPU: the report's save
+# (tp4-etp1-ep8) and the smallest failing one (tp2-etp1-ep2); the Nano QAD story (save
+# tp1-etp1-ep8, reload tp4-etp1-ep8); loads at TP < ETP and at one rank holding every expert
+# (the second bug); the patched job shapes; every golden; one cpu cell.
+MATRIX_CELLS = (
+    "gpu-witness[save=tp2-etp1-ep2-pp1,save-only]",
+    "gpu-witness[save=tp4-etp1-ep8-pp1,save-only]",
+    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
+    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp2-ep1-pp1]",
+    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp1-ep1-pp1]",
+    "gpu-fix[save=tp4-etp1-ep8-pp1,save-only]",
+    "gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
+    "gpu-golden-witness*",
+    "cpu-reshard[save=tp1-etp1-ep2-pp1,load=tp1-etp1-ep1-pp1]",
+)
 IMPORT_PROBE = (
     "import warnings; warnings.filterwarnings('ignore');"
     "import torch, megatron.core, modelopt, modelopt.torch.quantization;"
     "from modelopt.torch.opt.plugins.mcore_dist_checkpointing import save_sharded_modelopt_state;"
+    "from harness.versions import plugin_problem, behaviour_for;"
+    "b = behaviour_for(modelopt.__version__);"
     "print('modelopt', modelopt.__version__, 'megatron-core', megatron.core.__version__,"
-    " 'torch', torch.__version__)"
+    " 'torch', torch.__version__, '| rules', b.label, '|', plugin_problem() or 'plugin ok')"
 )
 TIMEOUTS = {"env": 900, "import": 300, "run": 900, "oracle": 600}
 
@@ -63,27 +81,75 @@ class Cell:
 
 def versions_from(args) -> list[str]:
     """``--modelopt`` values in order, duplicates dropped; the defaults when none given."""
-    vs = list(dict.fromkeys(getattr(args, "modelopt", None) or DEFAULT_VERSIONS))
+    from .versions import DEFAULT_MATRIX
+
+    vs = list(dict.fromkeys(getattr(args, "modelopt", None) or DEFAULT_MATRIX))
     for v in vs:
-        if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z._+-]*", v):
-            raise ValueError(f"--modelopt {v!r}: not a version or git ref")
+        if v.endswith(".whl"):
+            if not Path(v).is_file():
+                raise ValueError(f"--modelopt {v!r}: no such wheel file")
+        elif not re.fullmatch(r"(git:)?[0-9A-Za-z][0-9A-Za-z._+/-]*", v):
+            raise ValueError(f"--modelopt {v!r}: not a version, a wheel file or git:<ref>")
     return vs
 
 
+def column_of(record: dict) -> str:
+    """Which matrix column a cell record counts in."""
+    col = SCENARIO_COLUMN.get(record["scenario"], record["scenario"])
+    if col == "witness" and record.get("load_topology") and record.get("expected") in (
+            "amax-lost", "pass") and _holds_several_experts(record):
+        return "second-bug"
+    return col
+
+
+def _holds_several_experts(record: dict) -> bool:
+    from .scenarios import load_all
+    from .topology import Topology
+
+    size = next((s.size for s in load_all() if s.name == record["scenario"]), None)
+    return bool(size) and size.num_experts // Topology.parse(record["load_topology"]).ep > 1
+
+
 def cells_from_results(doc: dict) -> dict[str, Cell]:
-    """results.json of one ``harness run`` -> a Cell per scenario (skip reasons kept short)."""
+    """results.json of one ``harness run`` -> a Cell per column (skip reasons kept short)."""
     out: dict[str, Cell] = {}
     reasons: dict[str, Counter] = {}
+    lost: dict[str, list[str]] = {}
     for c in doc.get("cells", []):
-        cell = out.setdefault(c["scenario"], Cell())
+        col = column_of(c)
+        cell = out.setdefault(col, Cell())
         cell.counts[c["outcome"]] = cell.counts.get(c["outcome"], 0) + 1
         if c["tier"] not in cell.tiers:
             cell.tiers.append(c["tier"])
         if c["outcome"] in ("skipped", "blocked") and c.get("reason"):
-            reasons.setdefault(c["scenario"], Counter())[c["reason"].split(";")[0]] += 1
-    for s, r in reasons.items():
-        out[s].note = r.most_common(1)[0][0]
+            reasons.setdefault(col, Counter())[c["reason"].split(";")[0][:120]] += 1
+        st = (c.get("verify") or {}).get("expert_amax_state")
+        if col == "second-bug" and st and st.get("saved"):
+            lost.setdefault(col, []).append(f"{st['saved'] - st['restored']}/{st['saved']}")
+    for col, r in reasons.items():
+        out[col].note = r.most_common(1)[0][0]
+    for col, figures in lost.items():
+        out[col].note = "expert amax lost per load: " + ", ".join(figures)
     return out
+
+
+def goldens_table(rows: dict[str, list[dict]]) -> str:
+    """Version x golden x load: outcome and what the model holds after loading."""
+    from .runner import held_after_load
+
+    lines = ["| modelopt | golden -> load | outcome | what the model holds after the load |",
+             "| --- | --- | --- | --- |"]
+    for v, cells in rows.items():
+        for c in cells:
+            if c["scenario"] != "gpu-golden-witness":
+                continue
+            head = c["cell_id"].split("[", 1)[1].rstrip("]").replace("golden=", "")
+            held = (c.get("exception_type") or "") + " " if c.get("failed_stage") == "load" else ""
+            held += held_after_load(c.get("verify") or {}) if c.get("verify") else (
+                (c.get("message") or c.get("reason") or "")[:160])
+            lines.append(f"| {v} | {head} | {c['outcome']} (expected {c['expected']}) | "
+                         f"{held.strip()} |")
+    return "\n".join(lines)
 
 
 def cell_from_pytest(rc: int | None, output: str) -> Cell:
@@ -107,7 +173,9 @@ def render_table(rows: dict[str, dict[str, Cell]], columns=COLUMNS) -> str:
 def _run(cmd: list[str], timeout_s: float, log: Path, env: dict | None = None) -> tuple[int | None, str]:
     """Run in a new session; on timeout kill the whole session. Returns (rc or None, output)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    # The repository first, the host's own entries kept (a GPU host's stack lives on PYTHONPATH).
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     with open(log, "wb") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                              env=full_env, start_new_session=True)
@@ -125,58 +193,90 @@ def _last_line(text: str) -> str:
     return lines[-1][:160] if lines else ""
 
 
-def run_version(v: str, root: Path) -> dict[str, Cell]:
-    """Environment, import probe, scenario run and oracle probe for one ModelOpt version."""
-    logs = root / v
+def _env_name(v: str) -> str:
+    """Directory-safe name of a version argument (a wheel path or git ref included)."""
+    return re.sub(r"[^0-9A-Za-z._+-]+", "_", Path(v).name if v.endswith(".whl") else v)
+
+
+def run_version(v: str, root: Path) -> tuple[dict[str, Cell], list[dict]]:
+    """Environment, import probe, scenario run and oracle probe for one ModelOpt version;
+    returns the table cells and the run's cell records."""
+    logs = root / _env_name(v)
     rc, out = _run(["bash", "tools/matrix-env.sh", v], TIMEOUTS["env"], logs / "env.log")
     if rc != 0:
         why = "timed out" if rc is None else _last_line(out)
-        return {"import": Cell(note=f"no env: {why}")}
+        return {"import": Cell(note=f"no env: {why}")}, []
     py = out.strip().splitlines()[-1]
     cells: dict[str, Cell] = {}
     rc, out = _run([py, "-c", IMPORT_PROBE], TIMEOUTS["import"], logs / "import.log")
     if rc != 0:
         why = "timed out" if rc is None else _last_line(out)
         cells["import"] = Cell({"fail": 1}, ["cpu"], why)
-        return cells  # nothing else can run in this env
+        return cells, []  # nothing else can run in this env
     cells["import"] = Cell({"pass": 1}, ["cpu"], _last_line(out).replace("modelopt ", "", 1))
     cmd = [py, "-m", "harness", "--results-root", str(logs / "results"), "run", "--label",
-           f"matrix-{v}", "--cells", "gpu-*", "--cells", CPU_CELL]
-    for s in RUN_SCENARIOS:
+           f"matrix-{_env_name(v)}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
+    for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in MATRIX_CELLS):
         cmd += ["--scenario", s]
+    for c in MATRIX_CELLS:
+        cmd += ["--cells", c]
     rc, out = _run(cmd, TIMEOUTS["run"], logs / "run.log")
     found = sorted((logs / "results").glob("*/results.json"))
+    records: list[dict] = []
     if found:
-        cells.update(cells_from_results(json.loads(found[-1].read_text())))
+        records = json.loads(found[-1].read_text()).get("cells", [])
+        cells.update(cells_from_results({"cells": records}))
     else:
         why = "timed out" if rc is None else f"exit {rc}: {_last_line(out)}"
-        cells.update({s: Cell(note=f"no results ({why})") for s in RUN_SCENARIOS})
+        cells.update({c: Cell(note=f"no results ({why})") for c in COLUMNS[1:-1]})
     rc, out = _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                     "tests/test_oracle_vs_megatron.py", "-k", "real_validation and 2"],
                    TIMEOUTS["oracle"], logs / "oracle.log")
     cells["oracle"] = cell_from_pytest(rc, out) if rc is not None else Cell(note="timed out")
-    return cells
+    return cells, records
+
+
+def from_files(dirs: list[str]) -> dict[str, tuple[dict[str, Cell], list[dict]]]:
+    """Rows of earlier matrix runs (their matrix.json), later files winning per version: a
+    matrix spread over several GPU sessions renders as one table."""
+    done: dict = {}
+    for d in dirs:
+        path = Path(d) / "matrix.json" if Path(d).is_dir() else Path(d)
+        try:
+            doc = json.loads(path.read_text())
+            for v, row in doc.items():
+                done[v] = ({c: Cell(**cell) for c, cell in row["columns"].items()}, row["cells"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"--from {path}: not a matrix.json of `harness matrix` ({exc})") from None
+    return done
 
 
 def main(args) -> int:
     try:
         versions = versions_from(args)
+        earlier = from_files(getattr(args, "from_runs", None) or [])
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if earlier and not getattr(args, "modelopt", None):
+        versions = []  # render only
     root = Path(getattr(args, "results_root", "results")) / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}"
     jobs = int(os.environ.get("MATRIX_JOBS", len(versions)))
     print(f"matrix: modelopt {', '.join(versions)} -> {root} (logs per version; {jobs} at a time)",
           file=sys.stderr)
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        rows = dict(zip(versions, pool.map(lambda v: run_version(v, root), versions)))
+        done = {**earlier, **dict(zip(versions, pool.map(lambda v: run_version(v, root), versions)))}
+    rows = {v: cells for v, (cells, _) in done.items()}
     table = render_table(rows)
+    goldens = goldens_table({v: recs for v, (_, recs) in done.items()})
     root.mkdir(parents=True, exist_ok=True)
-    (root / "matrix.md").write_text(table + "\n")
+    (root / "matrix.md").write_text(f"{table}\n\nGoldens, loaded unpatched:\n\n{goldens}\n")
     (root / "matrix.json").write_text(json.dumps(
-        {v: {c: vars(cell) for c, cell in cells.items()} for v, cells in rows.items()}, indent=1))
+        {v: {"columns": {c: vars(cell) for c, cell in cells.items()}, "cells": recs}
+         for v, (cells, recs) in done.items()}, indent=1))
     print(table)
+    print(f"\nGoldens, loaded unpatched:\n{goldens}")
     print(f"\n[tier] = where the cell ran; gpu tiers are skipped without a GPU. "
           f"{time.time() - t0:.0f} s; {root}/matrix.md")
     bad = any(n for cells in rows.values() for c in cells.values()

@@ -42,9 +42,12 @@ def real_validation(sharded_sd) -> str | None:
 def write_recording(path: Path, spec, gathered: list[list[dict]], validation: str | None) -> None:
     from .environment import versions
 
+    import modelopt
+
     doc = {
         "provenance": {
             **versions(),
+            "nvidia-modelopt": modelopt.__version__,  # the one imported (may shadow the installed)
             "tier": spec.tier, "backend": spec.backend, "patch": spec.patch,
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
             "singleton_local_shards": spec.singleton_local_shards,

@@ -10,16 +10,13 @@ from pathlib import Path
 
 from .environment import tier_skip_reason, versions
 from .results import CellRecord, collect, new_run_dir, write_record
-from .runner import _safe, run_cell
+from .runner import _safe, new_record, run_cell
 
 
 def _skipped(cell, reason: str) -> CellRecord:
-    s = cell.scenario
-    return CellRecord(
-        scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
-        save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
-        patch=s.patch, expected=cell.expected, outcome="skipped", reason=reason,
-    )
+    rec = new_record(cell)
+    rec.outcome, rec.reason = "skipped", reason
+    return rec
 
 
 def select_cells(scenarios, patterns: list[str] | None = None) -> list:

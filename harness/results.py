@@ -32,6 +32,11 @@ class CellRecord:
     verify: dict = field(default_factory=dict)
     reason: str | None = None
     teardown_s: float | None = None
+    # The nvidia-modelopt the ranks imported, and whose expectations judged the cell
+    # (harness/versions.py); notice: set when that version is unknown to the harness.
+    modelopt: str | None = None
+    expectations: str | None = None
+    notice: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

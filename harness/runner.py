@@ -100,6 +100,7 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> dict:
     return {
         "stage": spec.stage,
         "ok": run.ok,
+        "environment": _ranks_environment(stage_dir),
         "wall_s": round(run.wall_s, 2),
         "timed_out": run.timed_out,
         "teardown_s": run.teardown_s,
@@ -114,6 +115,15 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> dict:
         "rank_results": {str(k): v for k, v in run.rank_results.items()},
         "summary": run.summary(),
     }
+
+
+def _ranks_environment(stage_dir: Path) -> dict:
+    """Package versions the ranks imported (stages.record_environment), {} if none got there."""
+    path = stage_dir / "environment.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _tier_env(tier: str) -> dict:
@@ -177,14 +187,59 @@ def _verify_problems(verify: dict, known_gaps) -> list[str]:
     return problems
 
 
-def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
+def version_skip_reason(cell: Cell, behaviour, modelopt: str | None) -> str | None:
+    """Why the installed nvidia-modelopt cannot run this cell meaningfully, or None."""
+    s = cell.scenario
+    if s.patch == "fix" and not behaviour.fix_applies:
+        from .fix import SUPPORTED_MODELOPT_VERSION
+
+        return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only; "
+                f"{modelopt} is installed (a fixed release needs no patch: see the unpatched "
+                "scenarios)")
+    if s.tier == "cpu" and (behaviour.plugin_needs_te or not behaviour.known):
+        from .versions import plugin_problem
+
+        return plugin_problem()
+    return None
+
+
+def _judge_under_version(rec: CellRecord, cell: Cell, stage: dict | None) -> None:
+    """Expectations of the nvidia-modelopt the stage's ranks imported (the controller's until a
+    stage has reported)."""
+    from .versions import behaviour_for
+
+    ran = ((stage or {}).get("environment") or {}).get("nvidia-modelopt")
+    rec.modelopt = ran or rec.modelopt
+    behaviour = behaviour_for(rec.modelopt)
+    rec.expectations = behaviour.label
+    rec.notice = behaviour.notice(rec.modelopt)
+    rec.expected = cell.expected_under(behaviour)
+
+
+def new_record(cell: Cell) -> CellRecord:
+    from .versions import installed_modelopt
+
     s = cell.scenario
     rec = CellRecord(
         scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
         save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
-        patch=s.patch, expected=cell.expected,
+        patch=s.patch, expected="", modelopt=installed_modelopt(),
     )
+    _judge_under_version(rec, cell, None)
+    return rec
+
+
+def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
+    from .versions import behaviour_for
+
+    s = cell.scenario
+    rec = new_record(cell)
+    skip = version_skip_reason(cell, behaviour_for(rec.modelopt), rec.modelopt)
+    if skip:
+        rec.outcome, rec.reason = "skipped", skip
+        return _finish(rec, cell, run_dir)
     save = run_save(cell, run_dir)
+    _judge_under_version(rec, cell, save)
     rec.durations["save_stage"] = save["wall_s"]
     rec.durations.update({f"save.{k}": v for k, v in _rank0(save).get("durations", {}).items()})
     if cell.load is None:
@@ -192,7 +247,7 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
             _judge_failure(rec, save, "fail-save")
         elif rec.expected == "fail-save":
             rec.outcome = "unexpected-pass"
-            rec.reason = bug_gone_message(cell)
+            rec.reason = bug_gone_message(rec)
         else:
             rec.outcome = "pass"
         return _finish(rec, cell, run_dir)
@@ -207,6 +262,7 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     load_dir = run_dir / "cells" / _safe(cell.id) / "load"
     load = _launch(_spec(cell, "load", cell.load, run_dir / "saves" / _safe(cell.save_id)),
                    load_dir, cell)
+    _judge_under_version(rec, cell, load)
     rec.durations["load_stage"] = load["wall_s"]
     rec.durations.update({f"load.{k}": v for k, v in _rank0(load).get("durations", {}).items()})
     if not load["ok"]:
@@ -219,7 +275,7 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     if rec.expected == "not-restored":
         if problems:
             rec.outcome, rec.failed_stage = "bug-reproduced", "verify"
-            rec.message = "; ".join(problems)
+            rec.message = "; ".join(problems + [held_after_load(rec.verify)])
         else:
             rec.outcome = "unexpected-pass"
             rec.reason = ("expected unpatched modelopt to fail restoring this golden checkpoint, "
@@ -227,7 +283,7 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     elif rec.expected == "amax-lost":
         _judge_amax_lost(rec, s.known_gaps, problems)
     elif rec.expected in ("fail-load", "fail-save"):
-        rec.outcome, rec.reason = "unexpected-pass", bug_gone_message(cell)
+        rec.outcome, rec.reason = "unexpected-pass", bug_gone_message(rec)
     elif problems:
         rec.outcome, rec.failed_stage = "unexpected-failure", "verify"
         rec.message = "; ".join(problems)
@@ -246,7 +302,8 @@ def _judge_amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
     if missing and all(is_expert_amax(k) for k in missing) and not rec.verify.get("mismatch_count"):
         rec.outcome, rec.failed_stage = "bug-reproduced", "verify"
         rec.message = (f"{len(missing)} per-expert weight_quantizer amax absent after "
-                       "load_state_dict (post-restore re-calibration through expert 0)")
+                       "load_state_dict (post-restore re-calibration through expert 0); "
+                       + held_after_load(rec.verify))
     elif not problems:
         rec.outcome = "unexpected-pass"
         rec.reason = ("expected per-expert amax to be lost after load_state_dict (second bug) "
@@ -256,12 +313,26 @@ def _judge_amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
         rec.message = "; ".join(problems)
 
 
-def bug_gone_message(cell: Cell) -> str:
-    from .environment import version
+def held_after_load(verify: dict) -> str:
+    """One line: what the loaded model holds for the saved per-expert amax, and its effect."""
+    st = verify.get("expert_amax_state") or {}
+    if not st.get("saved"):
+        return "no per-expert amax in the checkpoint"
+    from .compare import AMAX_STATES
 
+    parts = [f"{st[k]} {k}" for k in reversed(AMAX_STATES) if st.get(k)]
+    text = f"expert amax after load: {', '.join(parts)} (of {st['saved']} saved)"
+    eff = verify.get("logits_effect")
+    if eff:
+        text += (f"; NVFP4 logits vs the checkpoint's amax: {eff['nonfinite_loaded']} of "
+                 f"{eff['logits']} non-finite, rel max-abs {eff['nvfp4_rel_max_abs']}")
+    return text
+
+
+def bug_gone_message(rec: CellRecord) -> str:
     return (
-        f"expected the per-expert _amax collision ({cell.expected}) but the cell passed: the bug "
-        f"no longer reproduces with nvidia-modelopt {version('nvidia-modelopt')}; the "
+        f"expected the per-expert _amax collision ({rec.expected}) but the cell passed: the bug "
+        f"no longer reproduces with nvidia-modelopt {rec.modelopt}; the "
         "quarantined Nemotron-3 jobs are candidates for un-quarantine (see `make verdict`)"
     )
 

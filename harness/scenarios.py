@@ -89,24 +89,35 @@ class Cell:
 
     @property
     def expected(self) -> str:
-        """pass | fail-save | fail-load | amax-lost | not-restored, from the expectation mode.
+        """The expectation under the nvidia-modelopt installed here (see ``expected_under``)."""
+        from .versions import behaviour_for, installed_modelopt
 
-        ``oracle``: the collision rule (harness/oracle.py) for the save, then the load topology;
-        then, unpatched on TEGroupedMLP, the second bug (findings.md): ``load_state_dict``
-        re-calibrates through expert 0 only, so every other local expert's weight-quantizer
-        amax is gone after the load whenever a load rank holds more than one expert.
+        return self.expected_under(behaviour_for(installed_modelopt()))
+
+    def expected_under(self, behaviour) -> str:
+        """pass | fail-save | fail-load | amax-lost | not-restored under one ModelOpt version.
+
+        ``oracle`` mode: an unpatched golden whose layout that version cannot restore expects
+        ``not-restored``; then the version's replica rule (the fix's rule when patched,
+        harness/oracle.py) for the save, then the load topology; then, unpatched on
+        TEGroupedMLP, the second bug where that version has it: every local expert's
+        weight-quantizer amax but expert 0's is gone after ``load_state_dict`` whenever a load
+        rank holds more than one expert.
         """
         s = self.scenario
         if s.expect == "pass":
             return "pass"
-        if self.golden and s.patch == "none" and golden_layout(self.golden) != "complete":
+        patched = s.patch == "fix"
+        if (self.golden and not patched
+                and behaviour.golden_restore.get(golden_layout(self.golden)) != "restored"):
             return "not-restored"
-        rule = "fixed" if s.patch == "fix" else "buggy"
-        if oracle.predicts_failure(self.save, rule):
+        rule = "fixed" if patched else behaviour.replica_rule
+        if rule and oracle.predicts_failure(self.save, rule):
             return "fail-save"
-        if self.load and oracle.predicts_failure(self.load, rule):
+        if rule and self.load and oracle.predicts_failure(self.load, rule):
             return "fail-load"
-        if (self.load and s.patch == "none" and s.backend == "te"
+        if (self.load and not patched and s.backend == "te"
+                and behaviour.drops_expert_amax_on_reload
                 and s.size.num_experts // self.load.ep > 1):
             return "amax-lost"
         return "pass"

@@ -108,12 +108,22 @@ class Verdict:
         return self.word == UNEXPECTED
 
 
+def expected_for(cell: Cell, rec: Mapping[str, Any]) -> str:
+    """The cell's expectation under the modelopt version that produced ``rec``."""
+    from .versions import behaviour_for
+
+    return cell.expected_under(behaviour_for(rec.get("modelopt")))
+
+
 def _note(cell: Cell, rec: Mapping[str, Any] | None) -> str:
     if rec is None:
         return ""
     parts = [cause(rec)] if cause(rec) else []
-    if rec.get("expected") and rec["expected"] != cell.expected:
-        parts.append(f"recorded expecting {rec['expected']}; the grid now expects {cell.expected}")
+    if rec.get("notice"):
+        parts.append(rec["notice"])
+    now = expected_for(cell, rec)
+    if rec.get("expected") and rec["expected"] != now:
+        parts.append(f"recorded expecting {rec['expected']}; the grid now expects {now}")
     return "; ".join(parts)
 
 
@@ -128,7 +138,7 @@ def rejudged(cell: Cell, rec: Mapping[str, Any] | None) -> tuple[Mapping[str, An
     from .runner import _verify_problems
 
     if (not rec or rec.get("outcome") != "unexpected-failure" or rec.get("failed_stage") != "verify"
-            or cell.expected != "pass" or "logits_plain" not in (rec.get("verify") or {})):
+            or expected_for(cell, rec) != "pass" or "logits_plain" not in (rec.get("verify") or {})):
         return rec, ""
     verify = {**rec["verify"], **judge_logits(rec["verify"], rec["tier"])}
     if _verify_problems(verify, cell.scenario.known_gaps):
@@ -170,10 +180,11 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell],
     w, f = ran("witness"), ran("fix")
     reproduced = "bug-reproduced" in w
     missing_fix = [e.cell_id for e in evidence if e.role == "fix" and e.outcome in ("missing", "skipped")]
-    if (complete("witness") and "unexpected-pass" in w
-            and all(o in ("pass", "unexpected-pass") for o in w)):
-        return v(SAFE, "fixed upstream: the bug no longer reproduces unpatched at "
-                       f"save {job.save.id} / load {job.load.id} and the unpatched cells pass")
+    if w and complete("witness") and all(o in ("pass", "unexpected-pass") for o in w):
+        how = ("the bug no longer reproduces (this version was expected to fail)"
+               if "unexpected-pass" in w else "this version's own rules expect it to pass, and it does")
+        return v(SAFE, f"fixed upstream: unpatched, save {job.save.id} / load {job.load.id} "
+                       f"pass: {how}")
     if complete("fix") and all(o == "pass" for o in f):
         unpatched = ("unpatched the witness still reproduces the bug (BLOCKED without the patch)"
                      if reproduced else "no unpatched evidence here")
@@ -196,8 +207,28 @@ def judge_records(records: Mapping[str, Mapping[str, Any]], quarantine: Quaranti
             for j in q.jobs]
 
 
+def doc_records(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """cell id -> record; records from before version-aware runs take the doc's modelopt."""
+    return {c["cell_id"]: {**c, "modelopt": c.get("modelopt") or _modelopt(doc)}
+            for c in doc.get("cells") or []}
+
+
 def judge_doc(doc: Mapping[str, Any], **kw) -> list[Verdict]:
-    return judge_records({c["cell_id"]: c for c in doc.get("cells") or []}, **kw)
+    return judge_records(doc_records(doc), **kw)
+
+
+def existing_checkpoints(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What unpatched loads of the committed goldens gave: the checkpoints users already have."""
+    from .runner import held_after_load
+
+    lines = []
+    for cid, rec in sorted(records.items()):
+        if rec.get("scenario") != "gpu-golden-witness" or rec.get("outcome") == "skipped":
+            continue
+        what = (held_after_load(rec["verify"]) if rec.get("verify")
+                else cause(rec) or rec.get("reason") or "")
+        lines.append(f"      {cid.split('[', 1)[1].rstrip(']')}: {rec['outcome']} - {what}")
+    return (["    existing checkpoints (tests/golden, loaded unpatched):"] + lines) if lines else []
 
 
 def _versions(doc: Mapping[str, Any]) -> str:
@@ -230,9 +261,10 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
     for label, doc in docs:
         vds = judge_doc(doc)
         every += vds
-        out.append(format_verdicts(
+        out.append("\n".join([format_verdicts(
             f"== modelopt {_modelopt(doc)}: {label} (run {doc.get('run_id', '?')}, "
-            f"tier {doc.get('tier', '?')}; {_versions(doc)})", vds))
+            f"tier {doc.get('tier', '?')}; {_versions(doc)})", vds),
+            *existing_checkpoints(doc_records(doc))]))
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for _, doc in docs:
         groups.setdefault(_modelopt(doc), []).append(doc)
@@ -241,14 +273,15 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
             continue
         records: dict[str, Mapping[str, Any]] = {}
         for doc in sorted(group, key=lambda d: (str(d.get("created", "")), str(d.get("run_id", "")))):
-            for c in doc.get("cells") or []:
-                if c.get("outcome") != "skipped" or c["cell_id"] not in records:
-                    records[c["cell_id"]] = c
+            for cid, c in doc_records(doc).items():
+                if c.get("outcome") != "skipped" or cid not in records:
+                    records[cid] = c
         runs = ", ".join(str(d.get("run_id", "?")) for d in group)
         vds = judge_records(records)
         every += vds
-        out.append(format_verdicts(f"== modelopt {version}: all {len(group)} runs together ({runs}; "
-                                   "newer runs win for the same cell)", vds))
+        out.append("\n".join([format_verdicts(
+            f"== modelopt {version}: all {len(group)} runs together ({runs}; newer runs win for "
+            "the same cell)", vds), *existing_checkpoints(records)]))
     return "\n\n".join(out), every
 
 

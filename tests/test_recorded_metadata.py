@@ -16,9 +16,11 @@ from harness.compare import is_expert_amax
 from harness.orchestrate import run_probe
 from harness.ranks import rank_coords
 from harness.topology import Topology
+from harness.versions import behaviour_for
 
 RECORDED = Path(__file__).parent / "data" / "recorded"
-RECORDINGS = sorted(RECORDED.glob("*.json"))
+# 0.47.0 at the top level (buggy and patched), other versions in a directory named after them.
+RECORDINGS = sorted(RECORDED.rglob("*.json"))
 REPORT_ERROR = re.compile(
     r"^CheckpointingException: Invalid sharding pattern validation\. Errors: Invalid access "
     r"pattern for ShardedTensor\(key='decoder\.layers\.\d+\.mlp\.experts\.experts\.\d+\."
@@ -31,21 +33,42 @@ def _load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _version(doc: dict) -> str:
+    return doc["provenance"]["nvidia-modelopt"]
+
+
 def _rule(doc: dict) -> str:
-    return "fixed" if doc["provenance"]["patch"] == "fix" else "buggy"
+    """The fix's rule when patched, else the rule of the modelopt version that recorded it."""
+    if doc["provenance"]["patch"] == "fix":
+        return "fixed"
+    return behaviour_for(_version(doc)).replica_rule
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(RECORDED).with_suffix(""))
 
 
 @pytest.mark.cpu
 def test_recordings_cover_buggy_and_patched_topologies():
     docs = [_load(p) for p in RECORDINGS]
-    topologies = {d["topology"] for d in docs}
-    assert len(topologies) >= 6
-    assert {d["provenance"]["patch"] for d in docs} == {"none", "fix"}
+    bug = [d for d in docs if _version(d) == "0.47.0"]
+    assert len({d["topology"] for d in bug}) >= 6
+    assert {d["provenance"]["patch"] for d in bug} == {"none", "fix"}
     assert all(d["provenance"]["gpu"] and d["provenance"]["transformer-engine"] for d in docs)
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("version", ["0.48.0rc1"])
+def test_each_later_version_recorded_at_the_same_topologies(version):
+    """Unpatched recordings of a later release, at every topology 0.47.0 was recorded at."""
+    docs = [_load(p) for p in RECORDINGS]
+    want = {d["topology"] for d in docs if _version(d) == "0.47.0"}
+    got = {d["topology"] for d in docs if _version(d) == version and d["provenance"]["patch"] == "none"}
+    assert got >= want, f"missing under {version}: {sorted(want - got)}"
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("path", RECORDINGS, ids=_id)
 def test_oracle_predicts_recorded_outcome(path):
     doc = _load(path)
     topo = Topology.parse(doc["topology"])
@@ -55,7 +78,7 @@ def test_oracle_predicts_recorded_outcome(path):
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", RECORDINGS, ids=_id)
 def test_recorded_expert_amax_replica_ids_follow_the_rule(path):
     """Every per-expert amax replica_id the real code emitted equals the oracle's rule."""
     doc = _load(path)

@@ -16,37 +16,56 @@
 # every site-packages, so a venv could not shadow the wheelhouse) and exec'ing the host python
 # (MATRIX_BASE_PYTHON, default python3); ranks inherit PYTHONPATH. The version's wheel comes
 # from .whl-<V> (offline); a version the host already has gets an empty site dir.
-# Inside the docker image (system python, TE installed) a git ref is installed with
-#   pip install "nvidia-modelopt @ git+https://github.com/NVIDIA/Model-Optimizer@<ref>"
-# into a --target dir put first on PYTHONPATH; documented here, NOT run by this script.
+# A local wheel: tools/matrix-env.sh path/to/nvidia_modelopt-<V>-py3-none-any.whl (offline).
+# A git ref: tools/matrix-env.sh git:<branch|tag|commit> installs
+#   "nvidia-modelopt @ git+https://github.com/NVIDIA/Model-Optimizer@<ref>"
+# (needs git and network: the docker image; with MATRIX_ENV_MODE=system there).
 # Every pip call is bounded by MATRIX_ENV_TIMEOUT_S (default 600 s). Idempotent: a stamp skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-V=${1:?usage: tools/matrix-env.sh <modelopt-version>}
+ARG=${1:?usage: tools/matrix-env.sh <modelopt-version | path/to/nvidia_modelopt-V-*.whl | git:<ref>>}
 MODE=${MATRIX_ENV_MODE:-layer}
 T=${MATRIX_ENV_TIMEOUT_S:-600}
 BASE=${MATRIX_BASE_VENV:-.venv}
+find_links=()
+case "$ARG" in
+  *.whl)  # a local wheel: its version from the file name, installed offline
+    [ -f "$ARG" ] || { echo "matrix-env: wheel $ARG not found" >&2; exit 2; }
+    V=$(basename "$ARG" | cut -d- -f2)
+    src="$(cd "$(dirname "$ARG")" && pwd)/$(basename "$ARG")" ;;
+  git:*)  # a branch, tag or commit of the upstream repository (needs git + network: docker image)
+    REF=${ARG#git:}
+    case "$REF" in *[!0-9A-Za-z._/-]*|"") echo "matrix-env: '$REF' is not a git ref" >&2; exit 2 ;; esac
+    V="git-$(echo "$REF" | tr '/' '_')"
+    src="nvidia-modelopt @ git+https://github.com/NVIDIA/Model-Optimizer@$REF" ;;
+  *)
+    V=$ARG
+    case "$V" in
+      *[!0-9.a-z]*|"") echo "matrix-env: '$V' is not a release version, a .whl file or git:<ref>" >&2; exit 2 ;;
+    esac
+    src="nvidia-modelopt==$V"
+    wheeldir=${MATRIX_WHEEL_DIR:-.whl-$(echo "$V" | tr -d . | cut -c1-3)}
+    if [ -d "$wheeldir" ] && ls "$wheeldir"/nvidia_modelopt-"$V"-*.whl >/dev/null 2>&1; then
+      find_links=(--find-links "$wheeldir"); echo "matrix-env: using wheel from $wheeldir" >&2
+    fi ;;
+esac
 ENV=".venv-modelopt-$V"
 STAMP="$ENV/.matrix-stamp"
-want="$MODE $V $(cat requirements/cpu.txt requirements/megatron-core.txt | sha256sum | cut -d' ' -f1)"
+want="$MODE $ARG $(cat requirements/cpu.txt requirements/megatron-core.txt | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then echo "$PWD/$ENV/bin/python"; exit 0; fi
-case "$V" in
-  *[!0-9.a-z]*|"") echo "matrix-env: '$V' is not a release version; git refs install only inside the docker image (see header)" >&2; exit 2 ;;
-esac
-wheeldir=${MATRIX_WHEEL_DIR:-.whl-$(echo "$V" | tr -d . | cut -c1-3)}
-src="nvidia-modelopt==$V"
-find_links=()
-if [ -d "$wheeldir" ] && ls "$wheeldir"/nvidia_modelopt-"$V"-*.whl >/dev/null 2>&1; then
-  find_links=(--find-links "$wheeldir"); echo "matrix-env: using wheel from $wheeldir" >&2
-fi
 rm -rf "$ENV"
 if [ "$MODE" = system ]; then
   syspy=$(command -v "${MATRIX_BASE_PYTHON:-python3}")
   mkdir -p "$ENV/bin" "$ENV/site"
   have=$("$syspy" -c 'from importlib.metadata import version; print(version("nvidia-modelopt"))' 2>/dev/null || true)
   if [ "$have" != "$V" ]; then
-    [ ${#find_links[@]} -gt 0 ] || { echo "matrix-env: system mode needs nvidia-modelopt $V's wheel in $wheeldir (no registry assumed)" >&2; exit 2; }
-    timeout "$T" "$syspy" -m pip --disable-pip-version-check -q install --no-deps --no-index \
+    index=(--no-index)  # GPU hosts reach no registry: a release needs its wheel in .whl-<V>
+    case "$ARG" in
+      git:*) index=() ;;
+      *.whl) ;;
+      *) [ ${#find_links[@]} -gt 0 ] || { echo "matrix-env: system mode needs nvidia-modelopt $V's wheel in ${wheeldir} (no registry assumed)" >&2; exit 2; } ;;
+    esac
+    timeout "$T" "$syspy" -m pip --disable-pip-version-check -q install --no-deps "${index[@]}" \
       "${find_links[@]}" --target "$ENV/site" "$src" >&2
   fi
   printf '#!/usr/bin/env bash\n# matrix-env system mode: nvidia-modelopt %s first on PYTHONPATH\nexport PYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}"\nexec %s "$@"\n' \
@@ -74,7 +93,10 @@ else
   timeout "$T" "$ENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
     --ignore-requires-python -r requirements/megatron-core.txt >&2
 fi
-got=$("$ENV/bin/python" -c 'from importlib.metadata import version; print(version("nvidia-modelopt"))')
-[ "$got" = "$V" ] || { echo "matrix-env: $ENV has nvidia-modelopt $got, wanted $V" >&2; exit 1; }
+got=$("$ENV/bin/python" -c 'import modelopt; print(modelopt.__version__)' 2>/dev/null | tail -1)
+case "$ARG" in
+  git:*) echo "matrix-env: $ARG is nvidia-modelopt $got" >&2 ;;
+  *) [ "$got" = "$V" ] || { echo "matrix-env: $ENV imports nvidia-modelopt $got, wanted $V" >&2; exit 1; } ;;
+esac
 echo "$want" > "$STAMP"
 echo "$PWD/$ENV/bin/python"

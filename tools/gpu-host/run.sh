@@ -9,7 +9,8 @@
 #   golden     the golden checkpoints (tests/golden) loaded patched and unpatched
 #   nano       the Nano QAD fix cell three times concurrently (its logits anomaly in fix2)
 #   routing    the Nano cell + a passing tp4-etp1-ep8 load, router selections compared
-#   matrix     make matrix for 0.46.1 + 0.47.0 on the host's stack (carry .whl-046; NOT yet run)
+#   matrix     the decisive cells per modelopt version (MATRIX_VERSIONS), wheels carried
+#   record-next  metadata recordings under a later release (RECORD_VERSION)
 set -uo pipefail
 source /root/gw/base/env.sh
 export HARNESS_PYTHON=system PYTHONUNBUFFERED=1
@@ -41,8 +42,20 @@ case "$1" in
     $H run --label routing --jobs 4 --scenario gpu-fix \
       --cells 'gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' \
       --cells 'gpu-fix[save=tp2-etp2-ep4-pp1,load=tp4-etp1-ep8-pp1]' ;;
-  matrix)  # modelopt 0.46.1 (carry .whl-046) and 0.47.0, system mode of tools/matrix-env.sh
-    MATRIX_ENV_MODE=system MATRIX_BASE_PYTHON=python3 $H matrix --modelopt 0.46.1 --modelopt 0.47.0 ;;
+  matrix)  # MATRIX_VERSIONS (default 0.46.1 0.47.0 0.48.0rc1; carry .whl-046 .whl-048),
+           # system mode of tools/matrix-env.sh; the table also lands in $OUT
+    MATRIX_ENV_MODE=system MATRIX_BASE_PYTHON=python3 $H matrix \
+      $(for v in ${MATRIX_VERSIONS:-0.46.1 0.47.0 0.48.0rc1}; do echo "--modelopt $v"; done)
+    cp $R/matrix-*/matrix.md $R/matrix-*/matrix.json "$OUT"/ 2>/dev/null ;;
+  record-next)  # unpatched metadata under a later release (RECORD_VERSION, default 0.48.0rc1;
+                # carry its .whl-<digits>) -> tests/data/recorded/<version>/
+    V=${RECORD_VERSION:-0.48.0rc1}
+    PYV=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh "$V" | tail -1)
+    mkdir -p "tests/data/recorded/$V"
+    for t in tp2-etp1-ep2 tp1-etp2-ep1 tp4-etp1-ep8 tp1-etp1-ep8 tp2-etp2-ep4 tp2-etp1-ep1; do
+      echo "$t"; done | xargs -P 4 -I{} bash -c \
+      "$PYV -m harness --results-root $R dump-metadata --topology {} --patch none --out tests/data/recorded/$V/{}-none.json | tail -3"
+    tar czf "$OUT/recorded-$V.tgz" "tests/data/recorded/$V" ;;
   record)  # buggy and patched metadata of 6 topologies, 4 dumps at a time
     for t in tp2-etp1-ep2 tp1-etp2-ep1 tp4-etp1-ep8 tp1-etp1-ep8 tp2-etp2-ep4 tp2-etp1-ep1; do
       for p in none fix; do echo "$t $p"; done
