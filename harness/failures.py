@@ -96,8 +96,13 @@ def secondary_reason(text: str, exc_type: str = "") -> str | None:
     return None
 
 
+# megatron-core dist_checkpointing/strategies/torch.py, a key the model asks for and the
+# checkpoint lacks: KeyError: "<key> from model not in state dict: [...]"
+MISSING_KEY = re.compile(r"""KeyError: ["']([^"'\s]+) from model not in state dict""")
+
+
 def failing_key(text: str) -> str | None:
-    m = SHARDED_KEY.search(text or "")
+    m = SHARDED_KEY.search(text or "") or MISSING_KEY.search(text or "")
     return m.group(1) if m else None
 
 

@@ -56,7 +56,12 @@ def read_checkpoint_tensors(ckpt_dir: Path | str) -> dict[str, torch.Tensor]:
     return {k: v for k, v in everything.items() if k in tensors}
 
 
-def expected_state(stored: dict[str, torch.Tensor]) -> Expectation:
+def expected_state(stored: dict[str, torch.Tensor], runtime_layout: str = "per-expert") -> Expectation:
+    """``runtime_layout``: that of the modelopt that will load it (harness/versions.py). A
+    shared-layout modelopt (<= 0.46) has no per-expert amax: it must load the stored tensors
+    as they are, nothing derived."""
+    if runtime_layout == "shared":
+        return Expectation(tensors=dict(stored))
     exp = Expectation(tensors={})
     amax_dtypes = {v.dtype for k, v in stored.items() if k.endswith("weight_quantizer._amax")}
     amax_dtype = amax_dtypes.pop() if len(amax_dtypes) == 1 else torch.bfloat16

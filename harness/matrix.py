@@ -133,10 +133,24 @@ def cells_from_results(doc: dict) -> dict[str, Cell]:
     return out
 
 
-def goldens_table(rows: dict[str, list[dict]]) -> str:
-    """Version x golden x load: outcome and what the model holds after loading."""
+def _held(record: dict) -> str:
+    """One line: the load's refusal (exception, key) or what the model holds after it."""
+    from .failures import failing_key
     from .runner import held_after_load
 
+    if record.get("verify"):
+        return held_after_load(record["verify"])
+    message = record.get("message") or record.get("reason") or ""
+    if record.get("failed_stage") != "load":
+        return message.splitlines()[0][:160] if message else ""
+    exc = (record.get("exception_type") or "error").rsplit(".", 1)[-1]
+    key = record.get("failing_key") or failing_key(message)
+    first = message.strip().splitlines()[0][:120] if message.strip() else ""
+    return f"load refused: {exc}" + (f" on `{key}`" if key else f": {first}")
+
+
+def goldens_table(rows: dict[str, list[dict]]) -> str:
+    """Version x golden x load: outcome and what the model holds after loading."""
     lines = ["| modelopt | golden -> load | outcome | what the model holds after the load |",
              "| --- | --- | --- | --- |"]
     for v, cells in rows.items():
@@ -144,11 +158,8 @@ def goldens_table(rows: dict[str, list[dict]]) -> str:
             if c["scenario"] != "gpu-golden-witness":
                 continue
             head = c["cell_id"].split("[", 1)[1].rstrip("]").replace("golden=", "")
-            held = (c.get("exception_type") or "") + " " if c.get("failed_stage") == "load" else ""
-            held += held_after_load(c.get("verify") or {}) if c.get("verify") else (
-                (c.get("message") or c.get("reason") or "")[:160])
             lines.append(f"| {v} | {head} | {c['outcome']} (expected {c['expected']}) | "
-                         f"{held.strip()} |")
+                         f"{_held(c)} |")
     return "\n".join(lines)
 
 

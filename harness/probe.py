@@ -112,7 +112,7 @@ def probe_replay(recording: str) -> dict:
     rank = torch.distributed.get_rank()
     doc = json.loads(Path(recording).read_text())
     entries = [e for e in doc["entries"] if e["rank"] == rank]
-    return {"recording": Path(recording).name, "error": _validate(sharded_tensors_from_record(entries))}
+    return {"recording": recording, "error": _validate(sharded_tensors_from_record(entries))}
 
 
 def probe_save(topology: str, rule: str, num_experts: int, ckpt_dir: str) -> dict:

@@ -79,7 +79,7 @@ def prepare_golden(name: str, save_dir: Path) -> dict:
     shutil.move(str(copy / "ckpt"), str(save_dir / "ckpt"))
     shutil.rmtree(copy.parent)
     layout = inspect_checkpoint(save_dir / "ckpt")
-    exp = expected_state(read_checkpoint_tensors(save_dir / "ckpt"))
+    exp = expected_state(read_checkpoint_tensors(save_dir / "ckpt"), _runtime_layout())
     write_reference(exp, save_dir / "reference", golden_topology(name).id)
     summary = (f"golden {name}: layout {layout.kind}, "
                f"{sum(len(v) for v in layout.missing.values())} expert amax missing; "
@@ -88,6 +88,13 @@ def prepare_golden(name: str, save_dir: Path) -> dict:
             "timed_out": False, "teardown_s": None, "leftovers": [], "cause": None,
             "secondaries": [], "summary": summary,
             "rank_results": {"0": {"layout": layout.as_json(), "expected": exp.summary()}}}
+
+
+def _runtime_layout() -> str:
+    """The quantizer layout of the modelopt the load ranks import (this interpreter's)."""
+    from .versions import behaviour_for, installed_modelopt
+
+    return behaviour_for(installed_modelopt()).layout
 
 
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> dict:
@@ -127,7 +134,9 @@ def _ranks_environment(stage_dir: Path) -> dict:
 
 
 def _tier_env(tier: str) -> dict:
-    env = {}
+    # The cpu tier on a GPU host: no GPU visible, or TE's and torch's CUDA paths get picked up
+    # (seen on an H200: a cuBLAS error in the local-spec model's save stage).
+    env = {"CUDA_VISIBLE_DEVICES": ""} if tier == "cpu" else {}
     if tier == "gpu":
         from .rank_guard import nccl_env
 

@@ -85,3 +85,12 @@ def test_prepare_golden_names_the_layout_and_writes_the_reference(tmp_path):
     ref, disagree = load_reference(tmp_path / "save" / "reference")
     complete = read_checkpoint_tensors(GOLDEN_DIR / B / "ckpt")
     assert not disagree and set(ref) == set(complete)  # 79 stored + 16 re-derived = the full key set
+
+
+@pytest.mark.cpu
+def test_a_shared_layout_modelopt_expects_the_stored_tensors_as_they_are(stored):
+    """modelopt <= 0.46 has no per-expert amax: nothing is derived for it (harness/versions.py)."""
+    raw = stored["modelopt-0.46.1-tp1-etp1-ep8"]
+    exp = expected_state(raw, "shared")
+    assert exp.tensors.keys() == raw.keys() and not exp.from_legacy and not exp.max_calibrated
+    assert any(k.endswith("experts.experts.linear_fc1.weight_quantizer._amax") for k in exp.tensors)

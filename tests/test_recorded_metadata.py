@@ -99,8 +99,8 @@ def test_real_validation_replays_recorded_outcome(world, tmp_path):
     replays = {r["recording"]: r["error"] for r in run.rank_results[0]["replays"]}
     for p in paths:
         doc = _load(Path(p))
-        got, want = replays[Path(p).name], doc["validation_error"]
-        assert (got is None) == (want is None), (Path(p).name, got, want)
+        got, want = replays[p], doc["validation_error"]
+        assert (got is None) == (want is None), (p, got, want)
         if want:  # the same failing keys, in the same words
             assert _keys(got) == _keys(want)
 
