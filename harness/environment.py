@@ -61,6 +61,13 @@ def tier_skip_reason(tier: str, world: int = 1) -> str | None:
     if tier not in TIERS:
         return f"unknown tier {tier!r}; expected one of {', '.join(TIERS)}"
     if tier == "cpu":
+        import importlib.util
+
+        if importlib.util.find_spec("transformer_engine") is not None:
+            # Seen on the H200 (docs/runs/20261202-204604-matrix): with TE installed,
+            # megatron-core sends even the local-spec router GEMM through TE's CUDA kernels.
+            return ("tier cpu runs where Transformer Engine is not installed: with TE, "
+                    "megatron-core routes the MoE router GEMM through TE's CUDA kernels")
         return None
     if gpu_count() == 0:
         return f"tier {tier} needs a CUDA GPU; none visible (run the cpu tier here)"

@@ -134,9 +134,7 @@ def _ranks_environment(stage_dir: Path) -> dict:
 
 
 def _tier_env(tier: str) -> dict:
-    # The cpu tier on a GPU host: no GPU visible, or TE's and torch's CUDA paths get picked up
-    # (seen on an H200: a cuBLAS error in the local-spec model's save stage).
-    env = {"CUDA_VISIBLE_DEVICES": ""} if tier == "cpu" else {}
+    env = {}
     if tier == "gpu":
         from .rank_guard import nccl_env
 
