@@ -36,13 +36,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ("import", "witness", "second-bug", "fix", "goldens", "cpu-reshard", "oracle")
 SCENARIO_COLUMN = {"gpu-witness": "witness", "gpu-fix": "fix", "gpu-golden-witness": "goldens",
                    "cpu-reshard": "cpu-reshard"}
-# The cells that decide a version's verdict, about 15 stages on the GPU: the report's save
-# (tp4-etp1-ep8) and the smallest failing one (tp2-etp1-ep2); the Nano QAD story (save
+# The cells that decide a version's verdict, about 15 stages on the GPU: the report's save and
+# the Ultra job (tp4-etp1-ep8, saved and reloaded), the smallest failing save (tp2-etp1-ep2);
+# the Nano QAD story (save
 # tp1-etp1-ep8, reload tp4-etp1-ep8); loads at TP < ETP and at one rank holding every expert
 # (the second bug); the patched job shapes; every golden; one cpu cell.
 MATRIX_CELLS = (
     "gpu-witness[save=tp2-etp1-ep2-pp1,save-only]",
-    "gpu-witness[save=tp4-etp1-ep8-pp1,save-only]",
+    "gpu-witness[save=tp4-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",  # Ultra PTQ save/load
     "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
     "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp2-ep1-pp1]",
     "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp1-ep1-pp1]",
