@@ -38,6 +38,11 @@ lint:             ## CI file against GitLab's schema, Dockerfile lint
 	bash tools/validate-gitlab-ci.sh
 	bash tools/lint-dockerfile.sh
 
+.PHONY: ci-local
+ci-local:         ## lint + cpu-tests jobs run from .gitlab-ci.yml by gitlab-ci-local (shell executor; docs/ci.md)
+	bash tools/gitlab-ci-local.sh --force-shell-executor --unset-variable PIP_CACHE_DIR \
+	  --variable CI_PIPELINE_SOURCE=merge_request_event --needs cpu-tests
+
 docker-build:
 	docker build -f docker/Dockerfile -t moe-ckpt-harness:local .
 
@@ -47,5 +52,5 @@ docker-repro: docker-build
 clean:
 	rm -rf $(RESULTS) .pytest_cache
 
-matrix:           ## witness + fix scenarios (and cpu probes) per modelopt version: MODELOPT="0.46.1 0.47.0"
+matrix:           ## decisive cells per modelopt version (default 0.46.1 0.47.0 0.48.0rc1): MODELOPT="0.48.0rc1 path.whl git:REF"
 	$(PY) -m harness --results-root $(RESULTS) matrix $(foreach v,$(MODELOPT),--modelopt $(v))
