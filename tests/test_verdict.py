@@ -136,3 +136,18 @@ def test_recorded_logits_failure_is_rejudged_under_the_current_rule():
     assert any("re-judged pass" in e.note for e in v.evidence)
     without_routing = {c["cell_id"]: c for doc in (witness, fix2) for c in doc["cells"]}
     assert _by_job(verdict.judge_records(without_routing))[NANO].word == verdict.UNEXPECTED
+
+
+def test_a_fixed_release_is_safe_by_its_own_rules_and_the_goldens_are_reported():
+    """0.48.0rc1 expects the witness cells to pass: passing cells make the job SAFE unpatched,
+    the fix cells are skipped there, and the golden loads are listed as existing checkpoints."""
+    witness, fix = _evidence_ids("nano-30b-a3b-qad")
+    cells = [_record(c.id, "pass", scenario="gpu-witness") for c in witness]
+    cells += [_record(c.id, "skipped", scenario="gpu-fix", reason="fix is for 0.47.0") for c in fix]
+    cells.append(_record("gpu-golden-witness[golden=g,load=tp1-etp1-ep1-pp1]", "bug-reproduced",
+                         expected="not-restored", scenario="gpu-golden-witness",
+                         verify={"expert_amax_state": {"saved": 32, "absent": 32, "restored": 0}}))
+    text, vds = verdict.verdict_report([("run", _doc(cells, modelopt="0.48.0rc1"))])
+    assert _by_job(vds)["nano-30b-a3b-qad"].word == verdict.SAFE
+    assert "this version's own rules expect it to pass" in text
+    assert "golden=g,load=tp1-etp1-ep1-pp1: bug-reproduced - expert amax after load: 32 absent" in text
