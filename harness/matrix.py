@@ -20,6 +20,7 @@ Every step runs in its own process session with a timeout and is killed with its
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -103,11 +104,18 @@ def column_of(record: dict) -> str:
     return col
 
 
-def _holds_several_experts(record: dict) -> bool:
+@functools.lru_cache(maxsize=None)
+def _scenario_sizes() -> dict:
+    """Scenario name -> model size, read once (every record of a run asks)."""
     from .scenarios import load_all
+
+    return {s.name: s.size for s in load_all()}
+
+
+def _holds_several_experts(record: dict) -> bool:
     from .topology import Topology
 
-    size = next((s.size for s in load_all() if s.name == record["scenario"]), None)
+    size = _scenario_sizes().get(record["scenario"])
     return bool(size) and size.num_experts // Topology.parse(record["load_topology"]).ep > 1
 
 
