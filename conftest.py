@@ -45,7 +45,7 @@ def _own_gpus(config) -> None:
     With fewer GPUs than workers the workers share them (cells then run on gpu-shared, or skip
     with the reason when they need one GPU per rank).
     """
-    from harness.gpu_pool import visible_gpus, worker_visible_devices
+    from harness.launch.gpu_pool import visible_gpus, worker_visible_devices
 
     gpus = config.workerinput["harness_gpus"]
     workers = int(config.workerinput["workercount"])
@@ -57,7 +57,7 @@ def _own_gpus(config) -> None:
 
 
 def pytest_configure(config):
-    from harness.launch import exit_cleanly_on_sigterm
+    from harness.launch.torchrun import exit_cleanly_on_sigterm
 
     exit_cleanly_on_sigterm()
     if hasattr(config, "workerinput"):  # xdist worker: the controller's run dir, own GPUs
@@ -65,7 +65,7 @@ def pytest_configure(config):
         _own_gpus(config)
         return
     config.harness_gpus = _controller_gpus()
-    from harness.results import new_run_dir
+    from harness.run.results import new_run_dir
 
     config.harness_run_dir = new_run_dir(Path(config.getoption("--results-root")), "pytest")
 
@@ -78,7 +78,7 @@ def pytest_configure_node(node):  # xdist hook: hand run directory and GPU list 
 def pytest_generate_tests(metafunc):
     if "cell" not in metafunc.fixturenames:
         return
-    from harness.scenarios import load_all
+    from harness.scenario.scenarios import load_all
 
     wanted = set(metafunc.config.getoption("--scenario"))
     params = []
@@ -103,7 +103,7 @@ def pytest_sessionfinish(session):
         return
     run = session.config.harness_run_dir
     if any(run.glob("cells/*/record.json")):
-        from harness.environment import versions
-        from harness.results import collect
+        from harness.scenario.machine import versions
+        from harness.run.results import collect
 
         collect(run, versions())

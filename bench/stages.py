@@ -22,8 +22,8 @@ CELL = "cpu-reshard[save=tp1-etp1-ep2-pp1,load=tp1-etp1-ep4-pp1]"
 
 
 def one_cell(root: Path) -> dict:
-    from harness.orchestrate import run_cells, select_cells
-    from harness.scenarios import load_all
+    from harness.run.cells import run_cells, select_cells
+    from harness.scenario.scenarios import load_all
 
     with open("/dev/null", "w") as quiet:
         doc = run_cells(select_cells(load_all(), [CELL]), root, "bench", out=quiet)

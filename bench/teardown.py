@@ -14,7 +14,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from harness.launch import run_stage
+from harness.launch.torchrun import run_stage
 
 PROGRAM = "tests.rank_programs.collectives"
 ROOT_RANK = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?rank\s*:\s*(\d+)", re.S)

@@ -7,6 +7,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from harness.paths import RESULTS_DIR
+
 
 def _quiet() -> None:
     warnings.filterwarnings("ignore")
@@ -16,21 +18,21 @@ def _quiet() -> None:
 
 
 def cmd_map(args) -> int:
-    from .oracle import collision_map
+    from harness.topology.oracle import collision_map
 
     entries = collision_map(args.max_world)
     if args.json:
         print(json.dumps([e.as_json() for e in entries], indent=1))
         return 0
-    from .map_report import render_map
+    from harness.topology.collision_map import render_map
 
     print(render_map(entries))
     return 0
 
 
 def cmd_run(args) -> int:
-    from .orchestrate import run_cells, select_cells
-    from .scenarios import load_all
+    from harness.run.cells import run_cells, select_cells
+    from harness.scenario.scenarios import load_all
 
     scenarios = [s for s in load_all() if not args.scenario or s.name in args.scenario]
     cells = select_cells(scenarios, args.cells)
@@ -44,14 +46,14 @@ def cmd_run(args) -> int:
 
 
 def cmd_repro(args) -> int:
-    from .repro import repro
+    from harness.run.repro import repro
 
     return repro(Path(args.results_root), gpu=args.gpu)
 
 
 def cmd_dump(args) -> int:
-    from .orchestrate import dump_metadata
-    from .topology import Topology, TopologyError
+    from harness.run.cells import dump_metadata
+    from harness.topology.topology import Topology, TopologyError
 
     try:
         topo = Topology.parse(args.topology).check()
@@ -63,36 +65,36 @@ def cmd_dump(args) -> int:
 
 
 def cmd_verdict(args) -> int:
-    from .verdict import main as verdict_main
+    from harness.report.verdict import main as verdict_main
 
     return verdict_main(args)
 
 
 def cmd_report(args) -> int:
-    from .report_cli import main as report_main
+    from harness.report.cli import main as report_main
 
     return report_main(args)
 
 
 def cmd_inspect(args) -> int:
-    from .inspect_ckpt import main as inspect_main
+    from harness.golden.inspect import main as inspect_main
 
     return inspect_main(args)
 
 
 def cmd_matrix(args) -> int:
-    from .matrix import main as matrix_main
+    from harness.run.matrix import main as matrix_main
 
     return matrix_main(args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .launch import exit_cleanly_on_sigterm
+    from harness.launch.torchrun import exit_cleanly_on_sigterm
 
     _quiet()
     exit_cleanly_on_sigterm()
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
-    p.add_argument("--results-root", default="results")
+    p.add_argument("--results-root", default=str(RESULTS_DIR))
     sub = p.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("map", help="collision map of every topology up to N ranks (oracle)")
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     mx = sub.add_parser("matrix", help="witness + fix scenarios against several modelopt versions")
     mx.add_argument("--modelopt", action="append", default=[],
                     help="a release (0.48.0rc1), a local wheel file, or git:<ref> (docker "
-                         "image); repeatable; default: every version harness/versions.py knows")
+                         "image); repeatable; default: every version harness/check/versions.py knows")
     mx.add_argument("--from", dest="from_runs", action="append", default=[],
                     help="an earlier matrix run directory (or its matrix.json) to include; "
                          "alone: render those rows without running anything")
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = p.parse_args(argv)
     if args.cmd in ("run", "repro", "dump-metadata", "verdict"):
-        from .environment import version_problem
+        from harness.scenario.machine import version_problem
 
         problem = version_problem()
         if problem and ("not installed" in problem or "megatron-core" in problem):

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.environment import tier_skip_reason
-from harness.results import GOOD_OUTCOMES
+from harness.scenario.machine import tier_skip_reason
+from harness.run.results import GOOD_OUTCOMES
 
 
 def test_cell(cell, run_dir):
     reason = tier_skip_reason(cell.scenario.tier, cell.world)
     if reason:
         pytest.skip(reason)
-    from harness.runner import run_cell
+    from harness.run.cell import run_cell
 
     rec = run_cell(cell, run_dir)
     if rec.outcome == "blocked":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import compare
+from harness.check import compare
 
 pytestmark = pytest.mark.cpu
 

@@ -1,7 +1,7 @@
 """Classifier unit tests on the exact texts seen in findings.md / bug-report.md and torchrun logs."""
 import pytest
 
-from harness import failures as F
+from harness.launch import failures as F
 
 pytestmark = pytest.mark.cpu
 
@@ -108,7 +108,7 @@ def test_sigabrt_from_cpp_terminate_names_the_what():
 
 def test_hang_is_the_rank_outside_any_collective():
     in_coll = 'File "/x/torch/distributed/distributed_c10d.py", line 3252 in all_reduce'
-    outside = 'File "/work/main/harness/inject.py", line 77 in _fire'
+    outside = 'File "/work/main/harness/rank/inject.py", line 77 in _fire'
     exits = [F.RankExit(rank=1, pid=9, exitcode=-15, died_at=20.0, signalled=True, stack=outside),
              F.RankExit(rank=3, pid=8, exitcode=-15, died_at=20.0, signalled=True, stack=in_coll)]
     cause, sec = F.classify("save", [err(0, GLOO_TIMEOUT, 19.9), err(2, GLOO_TIMEOUT, 19.95)], exits)
@@ -140,7 +140,7 @@ def test_all_timed_out_odd_call_site_is_the_mismatch():
 
 def test_failing_key_of_a_key_the_checkpoint_lacks():
     """modelopt 0.48.0rc1 loading a 0.47.0 checkpoint saved without validation (seen on the H200)."""
-    from harness.failures import failing_key
+    from harness.launch.failures import failing_key
 
     text = ('KeyError: "decoder.layers.0.mlp.experts.experts.4.linear_fc1.weight_quantizer._amax '
             "from model not in state dict: ['common_state/shard_0_1', ...]\"")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.launch import run_stage
+from harness.launch.torchrun import run_stage
 from tests.rank_programs.legacy_load import full_weight
 
 

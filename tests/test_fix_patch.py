@@ -122,8 +122,8 @@ def _expert_amax_entries(topo_id: str, rule: str, local_experts: int = 2, rows: 
     from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
     from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-    from harness.ranks import rank_coords
-    from harness.topology import Topology
+    from harness.topology.coords import rank_coords
+    from harness.topology.topology import Topology
 
     topo = Topology.parse(topo_id)
     make = fx.wrap_make_sharded_tensors(make_sharded_tensors_for_checkpoint)
@@ -266,7 +266,7 @@ def _toy_quant_linear_cls():
 
 @pytest.fixture(scope="module")
 def toy_cls():
-    from harness.cpu_shims import apply_cpu_shims
+    from harness.model.cpu_shims import apply_cpu_shims
 
     apply_cpu_shims()  # modelopt's get_extra_state calls torch.cuda.synchronize()
     return _toy_quant_linear_cls()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.golden import GoldenError, copy_to_temp, discover, verify_manifest, write_manifest
-from harness.launch import run_stage
+from harness.golden.manifest import GoldenError, copy_to_temp, discover, verify_manifest, write_manifest
+from harness.launch.torchrun import run_stage
 
 GOLDEN_ROOT = Path(__file__).parent / "golden"
 RECORDING = Path(__file__).parent / "data" / "recorded" / "tp2-etp2-ep4-fix.json"
@@ -84,7 +84,7 @@ def test_copy_to_temp_refuses_a_bad_golden(golden, tmp_path):
 
 @pytest.mark.cpu
 def test_inspector_reads_the_copy(golden, tmp_path):
-    from harness.inspect_ckpt import inspect_checkpoint
+    from harness.golden.inspect import inspect_checkpoint
 
     lay = inspect_checkpoint(copy_to_temp(golden, into=tmp_path) / "ckpt")
     assert lay.kind == "per-expert" and lay.num_experts == 8 and lay.missing == {}
@@ -101,6 +101,6 @@ def test_committed_goldens_verify(golden_dir, tmp_path):
     copy = copy_to_temp(golden_dir, into=tmp_path)
     doc = verify_manifest(copy)
     if doc.get("layout"):
-        from harness.inspect_ckpt import inspect_checkpoint
+        from harness.golden.inspect import inspect_checkpoint
 
         assert inspect_checkpoint(copy / "ckpt").kind == doc["layout"]

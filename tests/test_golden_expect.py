@@ -1,4 +1,4 @@
-"""The expected state of each committed golden checkpoint (harness/golden_expect.py), cpu tier.
+"""The expected state of each committed golden checkpoint (harness/check/expect.py), cpu tier.
 
 The goldens were made on an H200 (tools/gpu-host/make-golden.sh); only their files are read
 here. Facts checked against the files themselves, so the rules the golden load cells rely on
@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.golden import copy_to_temp
-from harness.golden_expect import expected_state, read_checkpoint_tensors
-from harness.scenarios import GOLDEN_DIR
+from harness.golden.manifest import copy_to_temp
+from harness.check.expect import expected_state, read_checkpoint_tensors
+from harness.scenario.scenarios import GOLDEN_DIR
 
 A, B, C = ("modelopt-0.46.1-tp1-etp1-ep8", "modelopt-0.47.0-tp1-etp1-ep8",
            "modelopt-0.47.0-tp2-etp1-ep2-novalidate")
@@ -77,8 +77,8 @@ def test_expected_state_of_each_golden(stored):
 
 @pytest.mark.cpu
 def test_prepare_golden_names_the_layout_and_writes_the_reference(tmp_path):
-    from harness.compare import load_reference
-    from harness.runner import prepare_golden
+    from harness.check.compare import load_reference
+    from harness.run.cell import prepare_golden
 
     stage = prepare_golden(C, tmp_path / "save")
     assert stage["ok"] and "layout per-expert, 16 expert amax missing" in stage["summary"]
@@ -89,7 +89,7 @@ def test_prepare_golden_names_the_layout_and_writes_the_reference(tmp_path):
 
 @pytest.mark.cpu
 def test_a_shared_layout_modelopt_expects_the_stored_tensors_as_they_are(stored):
-    """modelopt <= 0.46 has no per-expert amax: nothing is derived for it (harness/versions.py)."""
+    """modelopt <= 0.46 has no per-expert amax: nothing is derived for it (harness/check/versions.py)."""
     raw = stored["modelopt-0.46.1-tp1-etp1-ep8"]
     exp = expected_state(raw, "shared")
     assert exp.tensors.keys() == raw.keys() and not exp.from_legacy and not exp.max_calibrated

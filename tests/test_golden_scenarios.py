@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import runner
-from harness.scenarios import ScenarioError, golden_layout, load_all, load_scenario
+from harness.run import cell as runner
+from harness.scenario.scenarios import ScenarioError, golden_layout, load_all, load_scenario
 
 pytestmark = pytest.mark.cpu
 A, B, C = ("modelopt-0.46.1-tp1-etp1-ep8", "modelopt-0.47.0-tp1-etp1-ep8",

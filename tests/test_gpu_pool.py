@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.gpu_pool import (
+from harness.launch.gpu_pool import (
     Assignment,
     Cell,
     estimate_wall,

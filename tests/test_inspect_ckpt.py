@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.inspect_ckpt import PER_EXPERT, classify, inspect_checkpoint, main
-from harness.launch import run_stage
+from harness.golden.inspect import PER_EXPERT, classify, inspect_checkpoint, main
+from harness.launch.torchrun import run_stage
 
 RECORDED = Path(__file__).parent / "data" / "recorded"
 SOURCE = RECORDED / "tp1-etp1-ep8-fix.json"

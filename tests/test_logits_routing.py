@@ -1,4 +1,4 @@
-"""Logits criterion with MoE routing flips (harness/logits.py), cpu tier, no model needed.
+"""Logits criterion with MoE routing flips (harness/rank/logits.py), cpu tier, no model needed.
 
 Expectations: the rule in logits.py's docstring, and the recorded H200 run in which one of 32
 probe tokens changed experts (docs/runs/20261202-151428-routing.results.json).
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.logits import compare_probe, judge_logits, same_routing_tokens
+from harness.rank.logits import compare_probe, judge_logits, same_routing_tokens
 
 B, S, V, E = 2, 16, 8, 4
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "runs"

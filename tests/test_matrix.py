@@ -1,11 +1,11 @@
-"""harness.matrix: argument handling and table rendering only (no environment is built in CI)."""
+"""harness.run.matrix: argument handling and table rendering only (no environment is built in CI)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
-from harness import matrix as M
+from harness.run import matrix as M
 
 pytestmark = pytest.mark.cpu
 

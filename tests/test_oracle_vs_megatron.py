@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from harness.oracle import collisions
-from harness.orchestrate import probe_oracle_world
-from harness.topology import enumerate_topologies
+from harness.topology.oracle import collisions
+from harness.run.cells import probe_oracle_world
+from harness.topology.topology import enumerate_topologies
 
 REPORT_ERROR = re.compile(
     r"^CheckpointingException: Invalid sharding pattern validation\. Errors: "

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import oracle
-from harness.compare import is_expert_amax
-from harness.orchestrate import run_probe
-from harness.ranks import rank_coords
-from harness.topology import Topology
-from harness.versions import behaviour_for
+from harness.topology import oracle
+from harness.check.compare import is_expert_amax
+from harness.run.cells import run_probe
+from harness.topology.coords import rank_coords
+from harness.topology.topology import Topology
+from harness.check.versions import behaviour_for
 
 RECORDED = Path(__file__).parent / "data" / "recorded"
 # 0.47.0 at the top level (buggy and patched), other versions in a directory named after them.

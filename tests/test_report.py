@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import (
+from harness.report.summary import (
     CATEGORIES,
     category,
     cause,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import report_cli
+from harness.report import cli as report_cli
 
 pytestmark = pytest.mark.cpu
 

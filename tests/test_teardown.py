@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from harness.launch import StageRun, run_stage
+from harness.launch.torchrun import StageRun, run_stage
 
 pytestmark = pytest.mark.cpu
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.model import GPU_SIZE
-from harness.oracle import collision_map, collisions, map_entry
-from harness.ranks import rank_coords
-from harness.scenarios import ScenarioError, load_scenario
-from harness.topology import Topology, TopologyError
+from harness.model.gpt import GPU_SIZE
+from harness.topology.oracle import collision_map, collisions, map_entry
+from harness.topology.coords import rank_coords
+from harness.scenario.scenarios import ScenarioError, load_scenario
+from harness.topology.topology import Topology, TopologyError
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.cpu

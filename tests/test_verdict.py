@@ -1,4 +1,4 @@
-"""Quarantine verdict (harness/verdict.py) on the committed H200 evidence in docs/runs/ and on
+"""Quarantine verdict (harness/report/verdict.py) on the committed H200 evidence in docs/runs/ and on
 small hand-made results: BLOCKED, SAFE WITH PATCH, INCOMPLETE, SAFE, and the exit code."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import verdict
-from harness.environment import tier_skip_reason
+from harness.report import verdict
+from harness.scenario.machine import tier_skip_reason
 
 pytestmark = pytest.mark.cpu
 

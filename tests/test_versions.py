@@ -1,4 +1,4 @@
-"""Expectations per nvidia-modelopt version (harness/versions.py) and how cells use them.
+"""Expectations per nvidia-modelopt version (harness/check/versions.py) and how cells use them.
 
 The rules are read from each version's sources (named in every Behaviour); the recorded GPU
 metadata of each version (tests/test_recorded_metadata.py) checks the replica rule.
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from harness import versions as V
-from harness.runner import _judge_under_version, new_record, version_skip_reason
-from harness.scenarios import load_all
+from harness.check import versions as V
+from harness.run.cell import _judge_under_version, new_record, version_skip_reason
+from harness.scenario.scenarios import load_all
 
 pytestmark = pytest.mark.cpu
 

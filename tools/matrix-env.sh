@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One Python environment per ModelOpt version for `make matrix` (harness/matrix.py).
+# One Python environment per ModelOpt version for `make matrix` (harness/run/matrix.py).
 #   tools/matrix-env.sh <version-or-git-ref>      -> prints the env's python on stdout
 #
 # CPU machines (default, MATRIX_ENV_MODE=layer): .venv-modelopt-<V> is a thin venv LAYERED on

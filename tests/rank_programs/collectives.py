@@ -12,8 +12,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from harness import inject
-from harness.rank_guard import pg_timeout_s, rank_main
+from harness.rank import inject
+from harness.rank.guard import pg_timeout_s, rank_main
 
 
 def body() -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.rank_guard import pg_timeout_s, rank_main
+from harness.rank.guard import pg_timeout_s, rank_main
 
 P = "decoder.layers.0.mlp.experts.experts"
 ROWS, COLS = 4, 8
@@ -82,7 +82,7 @@ def _try_load(load, ckpt: Path, rank: int, world: int) -> dict:
 
 
 def body() -> dict:
-    from harness.cpu_shims import apply_cpu_shims
+    from harness.model.cpu_shims import apply_cpu_shims
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=pg_timeout_s()))
     apply_cpu_shims()

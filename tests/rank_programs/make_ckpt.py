@@ -3,9 +3,9 @@
 Why: tests of the checkpoint inspector and of golden manifests need real megatron-core
 checkpoints whose keys, shapes and dtypes are those of the GPU recordings, without a GPU and
 without building (and quantizing) a model. The save is megatron-core's real torch_dist writer;
-only the CUDA calls are shimmed (harness.cpu_shims).
+only the CUDA calls are shimmed (harness.model.cpu_shims).
 
-Usage (one rank, under torchrun / harness.launch.run_stage):
+Usage (one rank, under torchrun / harness.launch.torchrun.run_stage):
     python -m tests.rank_programs.make_ckpt <spec.json>
 spec.json = {"checkpoints": [{"out": dir, "seed": int, "tensors": [{"key", "dtype", "shape"}...]}]}
 (several checkpoints per run: the imports, not the saves, take most of the ~30 s)
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.rank_guard import pg_timeout_s, rank_main
+from harness.rank.guard import pg_timeout_s, rank_main
 
 
 def _tensor(gen: torch.Generator, dtype: str, shape: list[int]) -> torch.Tensor:
@@ -30,7 +30,7 @@ def _tensor(gen: torch.Generator, dtype: str, shape: list[int]) -> torch.Tensor:
 
 
 def build_and_save(spec: dict) -> dict:
-    from harness.cpu_shims import apply_cpu_shims
+    from harness.model.cpu_shims import apply_cpu_shims
 
     apply_cpu_shims()
     from megatron.core import dist_checkpointing

@@ -1,0 +1,1 @@
+"""Golden checkpoints: manifests and inspection."""

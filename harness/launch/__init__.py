@@ -1,0 +1,1 @@
+"""Controller side of one torchrun: launch and teardown, failure classification, GPU pool."""

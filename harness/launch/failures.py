@@ -1,0 +1,234 @@
+"""Name the first primary failure of a stage and label the rest secondary.
+
+Why: one failing rank makes every peer fail too (gloo/NCCL connection errors, collective
+timeouts, torchrun's SIGTERM). Torch elastic's "Root Cause" is unreliable: it stamps ranks
+without an error file with the time it parsed them. Here the cause is the earliest PRIMARY
+failure by the time the rank itself recorded (or the controller saw it die).
+"""
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+
+# Texts that mean "a peer went away / the job is being torn down", not a cause of its own.
+SECONDARY_PATTERNS: list[tuple[str, re.Pattern]] = [
+    # NCCL >= 2.2x via ProcessGroupNCCL, as in the bug report: "ncclRemoteError: remote process exited prematurely"
+    ("nccl-remote", re.compile(r"ncclRemoteError|remote process exited")),
+    # torch c10d exception type raised for backend (NCCL/gloo) failures
+    ("dist-backend", re.compile(r"\bDistBackendError\b|\bDistNetworkError\b")),
+    # gloo transport/tcp/pair.cc when the peer's socket closes (findings.md, rank 1 of 2)
+    ("gloo-closed", re.compile(r"Connection closed by peer")),
+    # gloo pair.cc "Read error ...: Connection reset by peer"; also ECONNRESET from the TCPStore
+    ("conn-reset", re.compile(r"Connection reset by peer")),
+    # EPIPE writing to a dead peer (gloo pair.cc write, TCPStore)
+    ("broken-pipe", re.compile(r"Broken pipe")),
+    # gloo transport/tcp/unbound_buffer.cc: "Timed out waiting 10000ms for recv operation to complete"
+    ("gloo-timeout", re.compile(r"Timed out waiting \d+ms for (recv|send) operation")),
+    # ProcessGroupNCCL watchdog: "Watchdog caught collective operation timeout: WorkNCCL(...)"
+    ("nccl-watchdog", re.compile(r"Watchdog caught collective operation timeout|watchdog.*time(d)? ?out", re.I)),
+    # ProcessGroupNCCL after abort / TORCH_NCCL_ASYNC_ERROR_HANDLING tore the communicator down
+    ("nccl-aborted", re.compile(r"NCCL communicator was aborted|communicator.*aborted|ncclInternalError: .*abort", re.I)),
+    # torch elastic's own text for a rank it SIGTERMed during teardown
+    ("elastic-sigterm", re.compile(r"Signal 15 \(SIGTERM\) received")),
+]
+
+# Exception types that are secondary whatever their message says (torch.distributed errors).
+SECONDARY_EXC_TYPES = re.compile(r"(^|\.)(DistBackendError|DistNetworkError)$")
+
+# megatron-core dist_checkpointing/validation.py: "Invalid access pattern for ShardedTensor(key='...'"
+SHARDED_KEY = re.compile(r"ShardedTensor\(\s*key='([^']+)'")
+
+# torch elastic ChildFailedError block (torch/distributed/elastic/multiprocessing/errors):
+#   "  rank      : 1 (local_rank: 1)" then "  exitcode  : -9 (pid: 7708)"
+ELASTIC_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank", re.M)
+ELASTIC_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", re.M)
+# torch elastic multiprocessing/api.py: "Sending process 7418 closing signal SIGTERM"
+ELASTIC_SIGTERM = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
+# C++ std::terminate text (gloo EnforceNotMet in a background thread -> SIGABRT): "  what():  [enforce fail ..."
+CPP_WHAT = re.compile(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.*)")
+# A frame inside a collective in a faulthandler dump: the rank was waiting on peers, not stuck itself.
+IN_COLLECTIVE = re.compile(r"torch/distributed/(distributed_c10d|c10d_logger)\.py")
+
+KINDS = ("exception", "signal", "exit", "timeout", "hang")
+
+
+@dataclass
+class RankFailure:
+    rank: int
+    stage: str
+    kind: str  # one of KINDS
+    exc_type: str
+    message: str
+    traceback: str = ""
+    time: float | None = None
+    secondary: bool = False
+    key: str | None = None
+
+    def first_line(self) -> str:
+        return (self.message.strip().splitlines() or [""])[0][:200]
+
+    def line(self) -> str:
+        s = f"rank {self.rank} [{self.stage}] {self.kind}: {self.exc_type}: {self.first_line()}"
+        return s + (f" (key {self.key})" if self.key else "")
+
+
+@dataclass
+class RankExit:
+    """What the controller knows about one rank that left no result file."""
+
+    rank: int
+    pid: int | None = None
+    exitcode: int | None = None  # from torchrun's Failures block; None when it printed none
+    died_at: float | None = None  # first poll that saw it gone; None when still alive at teardown
+    signalled: bool = False  # torchrun or the controller sent it a signal during teardown
+    log_tail: str = ""
+    stack: str = ""
+
+
+def secondary_reason(text: str, exc_type: str = "") -> str | None:
+    """Name of the secondary pattern that ``text`` matches, or None if it looks primary."""
+    if exc_type and SECONDARY_EXC_TYPES.search(exc_type):
+        return "dist-error-type"
+    for name, rx in SECONDARY_PATTERNS:
+        if rx.search(text or ""):
+            return name
+    return None
+
+
+# megatron-core dist_checkpointing/strategies/torch.py, a key the model asks for and the
+# checkpoint lacks: KeyError: "<key> from model not in state dict: [...]"
+MISSING_KEY = re.compile(r"""KeyError: ["']([^"'\s]+) from model not in state dict""")
+
+
+def failing_key(text: str) -> str | None:
+    m = SHARDED_KEY.search(text or "") or MISSING_KEY.search(text or "")
+    return m.group(1) if m else None
+
+
+def parse_elastic_failures(text: str) -> dict[int, tuple[int, int]]:
+    """rank -> (exitcode, pid) from torchrun's Failures/Root Cause block (times ignored)."""
+    out: dict[int, tuple[int, int]] = {}
+    for block in re.split(r"^\s*\[\d+\]:\s*$", text, flags=re.M)[1:]:
+        r, e = ELASTIC_RANK.search(block), ELASTIC_EXIT.search(block)
+        if r and e:
+            out[int(r.group(1))] = (int(e.group(1)), int(e.group(2)))
+    return out
+
+
+def parse_elastic_signalled(text: str) -> set[int]:
+    """Pids torchrun itself signalled while tearing the job down."""
+    return {int(m.group(1)) for m in ELASTIC_SIGTERM.finditer(text)}
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def in_collective(stack: str) -> bool:
+    return bool(IN_COLLECTIVE.search(stack or ""))
+
+
+def _from_error(stage: str, e: dict) -> RankFailure:
+    msg, tb = str(e.get("message", "")), str(e.get("traceback", ""))
+    exc = str(e.get("exc_type", "Exception"))
+    return RankFailure(
+        rank=int(e["rank"]), stage=str(e.get("stage", stage)), kind="exception", exc_type=exc,
+        message=msg, traceback=tb, time=e.get("time"),
+        secondary=secondary_reason(msg, exc) is not None, key=failing_key(msg) or failing_key(tb),
+    )
+
+
+def _from_exit(stage: str, x: RankExit, timed_out: bool) -> RankFailure:
+    what = CPP_WHAT.search(x.log_tail or "")
+    if x.exitcode is not None and x.exitcode < 0:
+        sig = _signal_name(-x.exitcode)
+        msg = f"died by {sig}" + (f": {what.group(2)}" if what else "")
+        exc = what.group(1) if what else sig
+        # torchrun/controller teardown signals are fallout; a signal nobody sent (injected
+        # SIGKILL, OOM killer, SIGABRT from std::terminate) is a cause of its own.
+        sec = x.signalled
+        return RankFailure(x.rank, stage, "signal", exc, msg, x.stack, x.died_at, sec, failing_key(msg))
+    if x.exitcode is not None and x.exitcode > 0:
+        msg = f"exit code {x.exitcode} without an error file" + (f": {what.group(2)}" if what else "")
+        sec = secondary_reason(x.log_tail) is not None
+        return RankFailure(x.rank, stage, "exit", "exit", msg, x.log_tail[-2000:], x.died_at, sec)
+    kind = "timeout" if timed_out else "hang"
+    msg = "still running at the stage timeout" if timed_out else "alive, outside any error, when peers failed"
+    return RankFailure(x.rank, stage, kind, kind, msg, x.stack, x.died_at, True)
+
+
+def classify(
+    stage: str,
+    errors: list[dict],
+    exits: list[RankExit],
+    *,
+    timed_out: bool = False,
+) -> tuple[RankFailure | None, list[RankFailure]]:
+    """(cause, secondaries). ``errors``: the ranks' error files; ``exits``: ranks that failed
+    without one (or were still alive at teardown). The cause is the earliest primary failure;
+    without any, a rank that was stuck outside a collective while its peers timed out (hang),
+    else the earliest failure of all."""
+    have_error = {int(e["rank"]) for e in errors}
+    failures = [_from_error(stage, e) for e in errors]
+    failures += [_from_exit(stage, x, timed_out) for x in exits if x.rank not in have_error]
+    if not failures:
+        return None, []
+    far = float("inf")
+    primaries = sorted((f for f in failures if not f.secondary), key=lambda f: (f.time or far, f.rank))
+    cause = primaries[0] if primaries else (_stuck_rank(failures, exits, timed_out) or _odd_call_site(failures))
+    if cause is None:
+        cause = min(failures, key=lambda f: (f.time or far, f.rank))
+    cause.secondary = False
+    rest = [f for f in failures if f is not cause]
+    for f in rest:
+        f.secondary = True
+    return cause, sorted(rest, key=lambda f: (f.time or far, f.rank))
+
+
+# A traceback frame, e.g. '  File "/x/harness/rank/inject.py", line 91, in _mismatched_collective'
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def call_site(tb: str) -> str | None:
+    """The innermost frame outside torch: which collective call of the program a rank was in."""
+    frames = [m.groups() for m in _FRAME.finditer(tb or "") if "/torch/" not in m.group(1)]
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else None
+
+
+def _odd_call_site(failures: list[RankFailure]) -> RankFailure | None:
+    """Every rank timed out in a collective: the one rank whose call site differs from all the
+    others entered a collective they never joined (a mismatch)."""
+    sites: dict[str, list[RankFailure]] = {}
+    for f in failures:
+        if f.kind == "exception" and (site := call_site(f.traceback)):
+            sites.setdefault(site, []).append(f)
+    if len(sites) != 2:
+        return None
+    odd, common = sorted(sites.values(), key=len)
+    if len(odd) != 1 or len(common) < 2:
+        return None
+    f = odd[0]
+    f.message = f"collective mismatch: only this rank was at {call_site(f.traceback)}; {f.message}"
+    return f
+
+
+def _stuck_rank(failures: list[RankFailure], exits: list[RankExit], timed_out: bool) -> RankFailure | None:
+    """A rank killed in teardown (or alive at timeout) with no error of its own, preferring one
+    whose stack dump shows it outside any collective: that rank is what its peers waited for."""
+    stacks = {x.rank: x.stack for x in exits}
+    killed = [f for f in failures if f.kind in ("signal", "hang", "timeout")]
+    if not killed:
+        return None
+    killed.sort(key=lambda f: (in_collective(stacks.get(f.rank, "")), not stacks.get(f.rank), f.rank))
+    f = killed[0]
+    if not in_collective(stacks.get(f.rank, "")):
+        f.kind = f.exc_type = "timeout" if timed_out else "hang"
+        f.message = f"{f.message}; stuck outside any collective while peers waited"
+    errs = [g.time for g in failures if g.kind == "exception" and g.time]
+    if errs and (f.time is None or f.time > min(errs)):
+        f.time = min(errs)  # it was stuck at least since its peers gave up on it
+    return f

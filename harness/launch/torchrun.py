@@ -1,0 +1,363 @@
+"""Controller side: run one stage as its own torchrun, watch it, tear it down in bounded time.
+
+Why: the first failing rank must be named, the fallout on its peers labelled, and nothing may
+outlive the stage. The controller polls the stage directory (error files from rank_guard) and
+the rank processes (psutil); after the first failure it gives torchrun a short grace to tear
+down by itself, then kills the whole session. On timeout it first asks ranks for stack dumps.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from harness.launch import failures as F
+from harness.paths import REPO_ROOT
+
+POLL_S = 0.05
+# Variables a parent torchrun/pytest-xdist might have set that would confuse the ranks.
+_STRIP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
+
+
+@dataclass
+class StageRun:
+    stage: str
+    ok: bool
+    returncode: int | None
+    wall_s: float
+    timed_out: bool
+    cause: F.RankFailure | None
+    secondaries: list[F.RankFailure]
+    rank_results: dict[int, dict]
+    stage_dir: Path
+    teardown_s: float | None  # first failure seen -> every rank and torchrun gone
+    leftovers: list[int]
+    first_failure_at: float | None = None
+    all_gone_at: float | None = None
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"{self.stage}: ok in {self.wall_s:.1f} s ({len(self.rank_results)} ranks)"
+        head = f"{self.stage}: FAILED" + (" (timed out)" if self.timed_out else "")
+        lines = [head]
+        if self.cause:
+            c = self.cause
+            lines.append(f"cause: rank {c.rank} [{c.stage}] {c.kind} {c.exc_type}: {c.first_line()}")
+            if c.key:
+                lines.append(f"  failing key: {c.key}")
+        else:
+            lines.append(f"cause: unknown (torchrun exit {self.returncode}); see {self.stage_dir}/torchrun.log")
+        lines += [f"secondary: {s.line()}" for s in self.secondaries]
+        if self.teardown_s is not None:
+            lines.append(f"teardown: {self.teardown_s:.2f} s")
+        if self.leftovers:
+            lines.append(f"LEFTOVER processes killed: {self.leftovers}")
+        return "\n".join(lines)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    pid: int
+    proc: psutil.Process
+    died_at: float | None = None
+
+
+@dataclass
+class _Watch:
+    """Mutable state of one stage while it runs."""
+
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    pending: set[int] = field(default_factory=set)  # children not yet exec'd into a rank
+    first_failure_at: float | None = None
+    signalled_at: float | None = None  # when the controller first signalled the job
+    signalled_pids: set[int] = field(default_factory=set)
+
+
+def stage_env(stage: str, stage_dir: Path, timeout_s: float, pg_timeout_s: float | None, extra: dict | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in _STRIP_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env["HARNESS_STAGE_DIR"] = str(stage_dir)
+    env["HARNESS_STAGE"] = stage
+    env["HARNESS_STAGE_TIMEOUT_S"] = str(timeout_s)
+    env.setdefault("HARNESS_PG_TIMEOUT_S", str(pg_timeout_s if pg_timeout_s is not None else 60))
+    env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def run_stage(
+    stage: str,
+    stage_dir: Path,
+    nproc: int,
+    rank_args: list[str],
+    timeout_s: float,
+    env: dict | None = None,
+    python: str = sys.executable,
+    *,
+    rank_module: str = "harness.rank",
+    grace_s: float = 3.0,
+    pg_timeout_s: float | None = None,
+) -> StageRun:
+    """Run ``torchrun -m rank_module rank_args`` with ``nproc`` ranks; never leaves a process behind."""
+    stage_dir = Path(stage_dir).resolve()
+    for sub in ("logs", "errors", "stacks", "ranks"):
+        (stage_dir / sub).mkdir(parents=True, exist_ok=True)
+    cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--max-restarts", "0",
+           "-m", rank_module, *rank_args]
+    t0 = time.time()
+    with open(stage_dir / "torchrun.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env), cwd=REPO_ROOT)
+    w = _Watch()
+    timed_out = False
+    try:
+        timed_out = _watch(proc, stage_dir, w, t0, timeout_s, grace_s)
+    finally:
+        _kill_session(proc, w, grace_s=0.0 if timed_out else 1.0)
+    all_gone = time.time()
+    leftovers = _reap_leftovers(proc.pid, w)
+    return _collect(stage, stage_dir, proc, w, t0, all_gone, timed_out, leftovers)
+
+
+def _watch(proc: subprocess.Popen, stage_dir: Path, w: _Watch, t0: float, timeout_s: float, grace_s: float) -> bool:
+    """Poll until torchrun exits; True when the stage timed out."""
+    errors_dir = stage_dir / "errors"
+    while proc.poll() is None:
+        now = time.time()
+        _discover(proc, w)
+        _note_deaths(stage_dir, w, now)
+        if w.first_failure_at is None and any(errors_dir.glob("rank*.json")):
+            w.first_failure_at = _earliest_error_time(errors_dir) or now
+        if w.first_failure_at is not None and now - max(w.first_failure_at, t0) > grace_s:
+            return False  # torchrun did not finish tearing down: the caller kills the session
+        if now - t0 > timeout_s or _SHUTDOWN.is_set():
+            w.first_failure_at = w.first_failure_at or now
+            _dump_stacks(stage_dir, w)
+            return True
+        time.sleep(POLL_S)
+    _note_deaths(stage_dir, w, time.time())
+    return False
+
+
+def _discover(proc: subprocess.Popen, w: _Watch) -> None:
+    """Map torchrun's children to global ranks (RANK in their environment, once exec'd)."""
+    try:
+        kids = psutil.Process(proc.pid).children()
+    except psutil.Error:
+        return
+    known = {r.pid for r in w.ranks.values()}
+    for k in kids:
+        if k.pid in known:
+            continue
+        try:
+            rank = k.environ().get("RANK")
+        except psutil.Error:
+            rank = None
+        if rank is not None:
+            w.ranks[int(rank)] = _Rank(int(rank), k.pid, k)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _note_deaths(stage_dir: Path, w: _Watch, now: float) -> None:
+    for r in w.ranks.values():
+        if r.died_at is None and not _alive(r.proc):
+            r.died_at = now
+            ok = (stage_dir / "ranks" / f"rank{r.rank}.json").exists()
+            if not ok and w.first_failure_at is None:
+                w.first_failure_at = min(now, _earliest_error_time(stage_dir / "errors") or now)
+
+
+def _earliest_error_time(errors_dir: Path) -> float | None:
+    times = [e.get("time") for e in _read_jsons(errors_dir).values()]
+    times = [t for t in times if isinstance(t, (int, float))]
+    return min(times) if times else None
+
+
+def _read_jsons(d: Path) -> dict[int, dict]:
+    out = {}
+    for p in sorted(d.glob("rank*.json")):
+        try:
+            out[int(p.stem[4:])] = json.loads(p.read_text())
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def _dump_stacks(stage_dir: Path, w: _Watch, wait_s: float = 2.0) -> None:
+    """SIGUSR1 each live rank whose guard installed the handler (its stacks file names its pid;
+    without the handler SIGUSR1 would kill it), then give the dumps time to land."""
+    sent = False
+    for r in w.ranks.values():
+        try:
+            first = (stage_dir / "stacks" / f"rank{r.rank}.txt").read_text().split("\n", 1)[0]
+            if first == f"pid {r.pid}" and _alive(r.proc):
+                r.proc.send_signal(signal.SIGUSR1)
+                sent = True
+        except (OSError, psutil.Error):
+            continue
+    if sent:
+        time.sleep(wait_s)
+
+
+def _kill_session(proc: subprocess.Popen, w: _Watch, grace_s: float) -> None:
+    """SIGTERM then SIGKILL torchrun and every rank; returns once all of them are gone.
+
+    torch elastic starts each rank in a session of its own, so the ranks' process groups are
+    signalled one by one, besides torchrun's."""
+    live = [r for r in w.ranks.values() if r.died_at is None and _alive(r.proc)]
+    if proc.poll() is None or live:
+        w.signalled_at = w.signalled_at or time.time()
+        w.signalled_pids |= {r.pid for r in live}
+        for pgid in _groups(proc, w):
+            _signal_group(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        for pgid in _groups(proc, w):
+            _signal_group(pgid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        _note_deaths_quiet(w)
+        if all(r.died_at is not None for r in w.ranks.values()):
+            return
+        for pgid in _groups(proc, w):
+            _signal_group(pgid, signal.SIGKILL)
+        time.sleep(POLL_S)
+
+
+def _groups(proc: subprocess.Popen, w: _Watch) -> list[int]:
+    """torchrun's process group and each live rank's (elastic makes every rank a session leader)."""
+    return [proc.pid] + [r.pid for r in w.ranks.values() if r.died_at is None and _alive(r.proc)]
+
+
+def _note_deaths_quiet(w: _Watch) -> None:
+    now = time.time()
+    for r in w.ranks.values():
+        if r.died_at is None and not _alive(r.proc):
+            r.died_at = now
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap_leftovers(sid: int, w: _Watch) -> list[int]:
+    """Every process still in torchrun's or a rank's session: SIGKILL it and report it."""
+    sids = {sid, *(r.pid for r in w.ranks.values())}
+    left = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and os.getsid(p.pid) in sids and _alive(p):
+                left.append(p)
+        except (OSError, psutil.Error):
+            continue
+    left += [r.proc for r in w.ranks.values() if _alive(r.proc) and r.proc not in left]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=5)
+    run_pids = {r.pid for r in w.ranks.values()} | {p.pid for p in left}
+    return sorted({p.pid for p in left} | set(_gpu_holders(run_pids)))
+
+
+def _gpu_holders(run_pids: set[int], wait_s: float = 5.0) -> list[int]:
+    """PIDs of this run that still hold GPU memory after teardown (nvidia-smi's compute apps).
+
+    The driver frees a dead process's memory shortly after it exits, so poll a few seconds
+    before calling it a leftover. No nvidia-smi (cpu tier): nothing to check.
+    """
+    import shutil
+
+    if not run_pids or not shutil.which("nvidia-smi"):
+        return []
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30,
+            ).stdout
+        except (subprocess.SubprocessError, OSError):
+            return []
+        held = sorted(run_pids & {int(x) for x in out.split() if x.strip().isdigit()})
+        if not held or time.time() > deadline:
+            return held
+        time.sleep(0.5)
+
+
+def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: _Watch, t0: float,
+             all_gone: float, timed_out: bool, leftovers: list[int]) -> StageRun:
+    results = _read_jsons(stage_dir / "ranks")
+    errors = list(_read_jsons(stage_dir / "errors").values())
+    tr_log = (stage_dir / "torchrun.log").read_text(errors="replace")
+    elastic = F.parse_elastic_failures(tr_log)
+    by_elastic = F.parse_elastic_signalled(tr_log) | w.signalled_pids
+    exits = []
+    for rank in sorted(set(w.ranks) | set(elastic)):
+        if rank in results and rank not in {int(e["rank"]) for e in errors}:
+            continue
+        r = w.ranks.get(rank)
+        code, pid = elastic.get(rank, (None, r.pid if r else None))
+        exits.append(F.RankExit(
+            rank=rank, pid=pid, exitcode=code, died_at=r.died_at if r else None,
+            signalled=pid in by_elastic, log_tail=_tail(stage_dir / "logs" / f"rank{rank}.log"),
+            stack=_tail(stage_dir / "stacks" / f"rank{rank}.txt", 20000),
+        ))
+    failed = proc.returncode != 0 or timed_out or bool(errors)
+    cause, secondaries = F.classify(stage, errors, exits, timed_out=timed_out) if failed else (None, [])
+    first = w.first_failure_at
+    if first is None and failed:
+        first = min((f.time for f in [cause, *secondaries] if f and f.time), default=None)
+    return StageRun(
+        stage=stage, ok=not failed, returncode=proc.returncode, wall_s=all_gone - t0,
+        timed_out=timed_out, cause=cause, secondaries=secondaries, rank_results=results,
+        stage_dir=stage_dir, teardown_s=(all_gone - first) if first else None, leftovers=leftovers,
+        first_failure_at=first, all_gone_at=all_gone,
+    )
+
+
+def _tail(path: Path, n: int = 8000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-n:].decode(errors="replace")
+
+
+_SHUTDOWN = threading.Event()
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """On the controller's SIGTERM (CI job cancel, ``timeout``) every running ``run_stage``, in
+    any thread, tears its torchrun down as on a timeout, and the main thread exits. Ranks live
+    in sessions of their own and would otherwise outlive a killed controller (seen: a pytest
+    killed by ``timeout`` left an 8-rank probe running). Install from the main thread."""
+    def on_sigterm(signum, frame):
+        _SHUTDOWN.set()
+        sys.exit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)

@@ -1,0 +1,138 @@
+"""The tiny MoE GPT under test, built from megatron-core's own layer specs.
+
+Two backends, one per tier family:
+- ``local``: megatron-core's local spec, ``SequentialMLP`` experts (cpu tier, no TE);
+- ``te``: Transformer Engine spec with ``moe_grouped_gemm=True``, i.e. ``TEGroupedMLP`` -- the
+  exact code path of the bug report (gpu-shared and gpu tiers).
+Sizes are small so a cell runs in seconds; the checkpoint metadata shape (keys, per-expert
+amax, replica ids) is what matters and does not depend on size.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from harness.topology.topology import Topology
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    ffn_hidden_size: int = 128
+    moe_ffn_hidden_size: int = 64
+    num_experts: int = 8
+    moe_router_topk: int = 2
+    vocab_size: int = 128
+    seq_length: int = 16
+    micro_batch_size: int = 2
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+CPU_SIZE = ModelSize()
+GPU_SIZE = ModelSize(hidden_size=256, ffn_hidden_size=512, moe_ffn_hidden_size=256)
+# Golden checkpoints are committed to git and travel with every GPU-host upload: half the GPU
+# width keeps one at about 1.5 MB while every key, replica id and per-expert amax stays the same.
+GOLDEN_SIZE = ModelSize(hidden_size=128, ffn_hidden_size=256, moe_ffn_hidden_size=128)
+
+
+def transformer_config(topo: Topology, size: ModelSize, backend: str):
+    from megatron.core.transformer import TransformerConfig
+
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=size.num_layers,
+        hidden_size=size.hidden_size,
+        num_attention_heads=size.num_attention_heads,
+        ffn_hidden_size=size.ffn_hidden_size,
+        moe_ffn_hidden_size=size.moe_ffn_hidden_size,
+        num_moe_experts=size.num_experts,
+        moe_router_topk=size.moe_router_topk,
+        moe_grouped_gemm=backend == "te",
+        # allgather works over gloo and on CPU; alltoall needs uneven all_to_all_single.
+        moe_token_dispatcher_type="allgather",
+        moe_router_load_balancing_type="none",
+        tensor_model_parallel_size=topo.tp,
+        pipeline_model_parallel_size=topo.pp,
+        expert_model_parallel_size=topo.ep,
+        expert_tensor_parallel_size=topo.etp,
+        sequence_parallel=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        # bf16 on GPUs, as in the report; the local spec's torch norms stay fp32, so the cpu
+        # tier (no Float16Module wrapper) runs in fp32.
+        bf16=on_gpu,
+        params_dtype=torch.bfloat16 if on_gpu else torch.float32,
+        pipeline_dtype=torch.bfloat16 if on_gpu else torch.float32,
+        use_cpu_initialization=not on_gpu,
+        gradient_accumulation_fusion=False,
+        add_bias_linear=False,
+        gated_linear_unit=False,
+        activation_func=torch.nn.functional.gelu,
+    )
+
+
+def layer_spec(size: ModelSize, backend: str):
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    if backend == "te":
+        return specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=size.num_experts, moe_grouped_gemm=True
+        )
+    if backend == "local":
+        return specs.get_gpt_layer_local_spec(num_experts=size.num_experts, moe_grouped_gemm=False)
+    raise ValueError(f"unknown model backend {backend!r}: expected 'local' or 'te'")
+
+
+def build_gpt(topo: Topology, size: ModelSize, backend: str, seed: int = 1234):
+    """Build the model for this rank; parallel_state must already be initialised for ``topo``."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():  # CPU init (use_cpu_initialization) needs no CUDA RNG tracker
+        model_parallel_cuda_manual_seed(seed)
+    config = transformer_config(topo, size, backend)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(size, backend),
+        vocab_size=size.vocab_size,
+        max_sequence_length=size.seq_length,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="learned_absolute",  # rope reads torch.cuda.current_device()
+    )
+    if torch.cuda.is_available():
+        model = model.cuda()
+    return model.eval()
+
+
+def sample_batch(size: ModelSize, seed: int, device) -> dict:
+    """A seeded batch, identical on every rank (so every topology sees the same tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    b, s = size.micro_batch_size, size.seq_length
+    tokens = torch.randint(0, size.vocab_size, (b, s), generator=g)
+    position_ids = torch.arange(s).unsqueeze(0).expand(b, s)
+    # Explicit causal mask (True = masked): the local attention path needs it on CPU.
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).view(1, 1, s, s)
+    return {
+        "input_ids": tokens.to(device),
+        "position_ids": position_ids.to(device),
+        "attention_mask": mask.to(device),
+    }
+
+
+def forward(model, batch: dict) -> torch.Tensor:
+    """Eval forward without grad; on GPU under bf16 autocast, the role Megatron's Float16Module
+    plays in training (TE modules refuse fp32 activations next to bf16 parameters)."""
+    with torch.no_grad():
+        if torch.cuda.is_available():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return model(**batch)
+        return model(**batch)

@@ -1,0 +1,10 @@
+"""Where things live in this repository: the one place each path is written down."""
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_DIR = REPO_ROOT / "scenarios"
+QUARANTINE_FILE = SCENARIO_DIR / "quarantine.toml"
+GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
+RESULTS_DIR = Path("results")  # relative to the working directory, like every CLI default

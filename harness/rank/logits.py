@@ -1,0 +1,159 @@
+"""Eval-mode logits of the seeded probe batch, gathered over tensor parallelism.
+
+Two forward passes per model: ``plain`` with every quantizer bypassed (the stored weights in
+bf16/fp32) and, on GPUs, ``nvfp4`` with ModelOpt's fake quantization on. Only ``plain`` is
+asserted: NVFP4 rounds activations to 8 levels per 16-value block, so the bf16 reduction-order
+noise of a different TP/EP split flips whole quantization steps and the difference says nothing
+about the checkpoint (measured on an H200: 0.19-0.43 relative max-abs between topologies with
+every tensor and amax bit-exact, 0.0 at the same topology). The quantizer state itself is
+compared bit for bit elsewhere; ``nvfp4`` figures are reported.
+
+Pipeline-parallel forward needs a schedule; cells with pp > 1 on either side skip logits.
+
+Routing: the plain pass also records every MoE router's (token, expert) selection. Top-k routing
+is discontinuous: a bf16-level change in router logits between TP/EP splits can send a token to
+another expert, which moves that token's logits far more than rounding does. Tokens whose
+expert choice differs anywhere are counted (``routing_flips``) and the deviation of the tokens
+routed identically in every layer is reported separately (``logits_plain_same_routing``).
+Measured on the H200 (docs/runs/20261202-151428-routing): save tp1-etp1-ep8 -> load
+tp4-etp1-ep8 with every tensor bit-exact on all 8 ranks had whole-batch plain logits 0.313 rel
+off, from ONE of 32 tokens taking another expert; the other 31 tokens were 0.0065 off, like
+every other cell. So the asserted figure is the identically routed tokens' deviation, and at
+most ``MAX_FLIP_FRACTION`` of the tokens may flip (router weights are compared bit for bit
+elsewhere; many flips would mean the forward differs beyond rounding).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from harness.model.gpt import ModelSize, forward, sample_batch
+from harness.model.quant import quantizers_bypassed
+
+PROBE_SEED = 7
+# Relative max-abs tolerance of the asserted ``plain`` logits: fp32 on the cpu tier, bf16 on GPUs.
+TOLERANCE = {"cpu": 1e-4, "gpu-shared": 5e-2, "gpu": 5e-2}
+MAX_FLIP_FRACTION = 0.125  # of the probe tokens (4 of 32): a flip needs a near-tie in router scores
+
+
+def _gather_tp(local: torch.Tensor) -> torch.Tensor | None:
+    from megatron.core import parallel_state as ps
+
+    parts = [torch.empty_like(local) for _ in range(ps.get_tensor_model_parallel_world_size())]
+    torch.distributed.all_gather(parts, local.contiguous(), group=ps.get_tensor_model_parallel_group())
+    owner = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    return torch.cat(parts, dim=-1).float().cpu() if owner else None
+
+
+def _record_routing(model) -> tuple[dict, list]:
+    """Forward hooks on every router: name -> boolean [tokens, experts] selection map."""
+    from megatron.core.transformer.moe.router import Router
+
+    maps, handles = {}, []
+    for name, mod in model.named_modules():
+        if isinstance(mod, Router):
+            def hook(_m, _inp, out, name=name):
+                maps[name] = out[1].detach().bool().cpu()
+            handles.append(mod.register_forward_hook(hook))
+    return maps, handles
+
+
+def probe_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch.Tensor] | None:
+    """{"plain", "nvfp4", "routing"} on the rank that owns full logits (tp 0, dp 0), else None."""
+    batch = sample_batch(size, PROBE_SEED, device)
+    routing, handles = _record_routing(model)
+    try:
+        with quantizers_bypassed(model):
+            out = {"plain": _gather_tp(forward(model, batch)), "routing": routing}
+    finally:
+        for h in handles:
+            h.remove()
+    if tier != "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
+        out["nvfp4"] = _gather_tp(forward(model, batch))
+    return out if out["plain"] is not None else None
+
+
+def save_probe(logits: dict, reference_dir: Path, which: str) -> None:
+    """``which``: "saved_model" (before saving) or "checkpoint" (reloaded at the save topology)."""
+    torch.save(logits, reference_dir / f"logits_{which}.pt")
+
+
+def _figures(got: torch.Tensor, ref: torch.Tensor) -> dict:
+    diff = (got - ref).abs()
+    return {
+        "max_abs_diff": diff.max().item(),
+        "rel_diff": diff.max().item() / max(ref.abs().max().item(), 1e-12),
+        "rel_rms": (diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-12)).item(),
+        "top1_agreement": (got.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+    }
+
+
+def same_routing_tokens(got: dict, ref: dict, batch_shape: tuple[int, int]) -> torch.Tensor | None:
+    """[batch, seq] mask of tokens every router sent to the same experts in both passes.
+
+    Routers see hidden states as [seq, batch]: row ``s * batch + b`` is token (b, s).
+    """
+    if not got or not ref or set(got) != set(ref):
+        return None
+    b, s = batch_shape
+    same = torch.ones(s * b, dtype=torch.bool)
+    for name in ref:
+        if got[name].shape != ref[name].shape or got[name].shape[0] != s * b:
+            return None
+        same &= (got[name] == ref[name]).all(-1)
+    return same.reshape(s, b).t()
+
+
+def _routing_figures(logits: dict, ref: dict) -> dict:
+    plain, ref_plain = logits["plain"], ref["plain"]
+    same = same_routing_tokens(logits.get("routing"), ref.get("routing"), tuple(plain.shape[:2]))
+    if same is None:
+        return {}
+    out = {"routing_tokens": int(same.numel()), "routing_flips": int((~same).sum())}
+    if same.any():
+        out["logits_plain_same_routing"] = _figures(plain[same], ref_plain[same])
+    return out
+
+
+def compare_probe(logits: dict, reference_dir: Path, tier: str) -> dict:
+    """Against the checkpoint's logits at the save topology (asserted for ``plain``), and the
+    plain logits of the model as it was before saving (reported)."""
+    ref = torch.load(reference_dir / "logits_checkpoint.pt")
+    saved = torch.load(reference_dir / "logits_saved_model.pt")
+    out = {f"logits_{mode}": _figures(logits[mode], ref[mode])
+           for mode in ("plain", "nvfp4") if mode in logits and mode in ref}
+    out.update(_routing_figures(logits, ref))
+    out["logits_plain_vs_saved_model_rel_diff"] = _figures(logits["plain"], saved["plain"])["rel_diff"]
+    out.update(judge_logits(out, tier))
+    return out
+
+
+def judge_logits(figures: dict, tier: str) -> dict:
+    """The asserted figures from ``compare_probe``'s measurements (see module docstring).
+
+    Without routing records (older references) or with every token flipped, the whole batch's
+    plain logits are what is asserted.
+    """
+    asserted = figures.get("logits_plain_same_routing", figures["logits_plain"])
+    out = {
+        "logits_rel_diff": asserted["rel_diff"],
+        "logits_tolerance": TOLERANCE[tier],
+        "routing_flips_allowed": int(MAX_FLIP_FRACTION * figures.get("routing_tokens", 0)),
+    }
+    out["logits_ok"] = not logits_problems({**figures, **out})
+    return out
+
+
+def logits_problems(figures: dict) -> list[str]:
+    """Why judged figures fail the logits rule (empty: they pass). Records judged before routing
+    was recorded carry no ``routing_flips_allowed``: only their tolerance applies."""
+    problems = []
+    flips, allowed = figures.get("routing_flips", 0), figures.get("routing_flips_allowed")
+    if allowed is not None and flips > allowed:
+        problems.append(f"{flips} of {figures['routing_tokens']} probe tokens routed to other "
+                        f"experts (at most {allowed} allowed)")
+    if figures["logits_rel_diff"] > figures["logits_tolerance"]:
+        problems.append(
+            f"logits differ: rel {figures['logits_rel_diff']:.3g} > {figures['logits_tolerance']}")
+    return problems

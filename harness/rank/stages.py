@@ -1,0 +1,220 @@
+"""Stage bodies run on every rank under torchrun: quantize+save, and load+verify.
+
+Each returns a dict of figures for ``ranks/rank<r>.json``; any exception is left to the rank
+guard, which records it as this rank's error and tears the rank down.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from harness.check import compare
+from harness.rank import inject
+from harness.model.checkpoint import (
+    load_checkpoint,
+    require_checkpoint,
+    restore_modelopt_state,
+    save_checkpoint,
+    sharded_metadata,
+)
+from harness.rank.spec import StageSpec
+
+
+class _Clock:
+    def __init__(self):
+        self.t, self.durations = time.perf_counter(), {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.durations[name] = round(now - self.t, 3)
+        self.t = now
+
+
+def _prepare(spec: StageSpec, clock: _Clock):
+    """Imports, patch, process groups, model: the part both stages share."""
+    if spec.tier == "cpu":
+        from harness.model.cpu_shims import apply_cpu_shims
+
+        apply_cpu_shims()
+    if spec.patch == "fix":
+        from harness.fix import apply
+
+        apply()
+    import megatron.core  # noqa: F401  (timed as imports)
+    import modelopt.torch.quantization  # noqa: F401
+
+    from harness.rank.setup import init_rank
+    from harness.model.gpt import build_gpt
+    from harness.rank.guard import pg_timeout_s
+
+    clock.lap("imports")
+    record_environment()
+    rank = init_rank(spec.topo, spec.tier, pg_timeout_s())
+    model = build_gpt(spec.topo, spec.model_size, spec.backend, spec.seed)
+    inject.point("after_build")
+    clock.lap("build")
+    return rank, model
+
+
+def record_environment() -> None:
+    """Rank 0 notes the package versions it imported, before anything can fail: the controller
+    judges the cell by the nvidia-modelopt that actually ran (harness/check/versions.py)."""
+    import os
+
+    if os.environ.get("RANK", "0") != "0" or not os.environ.get("HARNESS_STAGE_DIR"):
+        return
+    import megatron.core
+    import modelopt
+
+    from harness.rank.guard import write_json_atomic
+
+    te = sys.modules.get("transformer_engine")
+    write_json_atomic(Path(os.environ["HARNESS_STAGE_DIR"]) / "environment.json", {
+        "nvidia-modelopt": modelopt.__version__, "megatron-core": megatron.core.__version__,
+        "torch": torch.__version__, "transformer-engine": getattr(te, "__version__", None),
+        "modelopt_path": str(Path(modelopt.__file__).parent),
+    })
+
+
+def _device():
+    return torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+
+
+def _runs_logits(spec: StageSpec, other_pp: int = 1) -> bool:
+    return spec.topo.pp == 1 and other_pp == 1
+
+
+def save_stage(spec: StageSpec) -> dict:
+    from harness.rank.logits import probe_logits, save_probe
+    from harness.model.quant import quantize_nvfp4
+
+    clock = _Clock()
+    rank, model = _prepare(spec, clock)
+    quantize_nvfp4(model, spec.model_size, _device())
+    clock.lap("quantize")
+    metadata = sharded_metadata(spec.singleton_local_shards)
+    ref_dir = Path(spec.reference_dir)
+    shards = compare.save_reference(model.sharded_state_dict(metadata=metadata), ref_dir, rank)
+    if rank == 0:
+        (ref_dir / "saved_topology.txt").write_text(spec.topology)
+    if _runs_logits(spec):
+        logits = probe_logits(model, spec.model_size, spec.tier, _device())
+        if logits is not None:
+            save_probe(logits, ref_dir, "saved_model")
+    clock.lap("reference")
+    inject.point("before_save")
+    save_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.validate_sharding)
+    clock.lap("save")
+    if _runs_logits(spec) and _reload_keeps_state(spec):
+        # The checkpoint's own logits at the save topology: what every reshard must reproduce.
+        # They differ from the saved model's where its replicas disagreed (see verify figures).
+        load_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.strict_load,
+                        spec.validate_sharding)
+        logits = probe_logits(model, spec.model_size, spec.tier, _device())
+        if logits is not None:
+            save_probe(logits, ref_dir, "checkpoint")
+        clock.lap("reference_reload")
+    return {"durations": clock.durations, "reference_shards": shards}
+
+
+def _reload_keeps_state(spec: StageSpec) -> bool:
+    """Unpatched ModelOpt 0.47.0 drops per-expert amax of TEGroupedMLP on reload (the second
+    bug), so such a checkpoint has no trustworthy reference logits."""
+    import modelopt
+
+    from harness.check.versions import behaviour_for
+
+    return (spec.patch == "fix" or spec.backend == "local"
+            or not behaviour_for(modelopt.__version__).drops_expert_amax_on_reload)
+
+
+def load_stage(spec: StageSpec) -> dict:
+    from harness.rank.logits import compare_probe, probe_logits
+
+    ckpt = Path(spec.ckpt_dir)
+    require_checkpoint(ckpt)
+    clock = _Clock()
+    rank, model = _prepare(spec, clock)
+    restore_modelopt_state(model, ckpt)
+    metadata = sharded_metadata(spec.singleton_local_shards)
+    inject.point("before_load")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.filterwarnings("always", message="moe-ckpt-fix")
+        result = load_checkpoint(model, ckpt, metadata, spec.strict_load, spec.validate_sharding)
+    notices = [str(w.message) for w in caught if str(w.message).startswith("moe-ckpt-fix")]
+    for text in notices:  # still in this rank's log
+        print(f"warning: {text}", flush=True)
+    clock.lap("load")
+
+    ref_dir = Path(spec.reference_dir)
+    reference, disagreeing = compare.load_reference(ref_dir)
+    cmp = compare.compare(model.sharded_state_dict(metadata=metadata), reference)
+    per_rank = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(per_rank, (cmp, notices))
+    verify = compare.merge([c for c, _ in per_rank], reference)
+    verify["replica_disagreements"] = disagreeing
+    verify["load_warnings"] = sorted({n for _, per in per_rank for n in per})
+    verify["load_state_dict"] = {
+        "missing": list(getattr(result, "missing_keys", []))[:20],
+        "unexpected": list(getattr(result, "unexpected_keys", []))[:20],
+    }
+    saved_pp = _saved_pp(ref_dir)
+    if _runs_logits(spec, saved_pp) and (ref_dir / "logits_checkpoint.pt").exists():
+        logits = probe_logits(model, spec.model_size, spec.tier, _device())
+        if logits is not None:
+            verify.update(compare_probe(logits, ref_dir, spec.tier))
+    elif not _runs_logits(spec, saved_pp):
+        verify["logits_skipped"] = "pipeline parallel (pp > 1) on the save or load side"
+    else:
+        verify["logits_skipped"] = ("no reference logits for this checkpoint (unpatched "
+                                    "TEGroupedMLP reload drops amax, or a golden checkpoint)")
+        if verify.get("mismatch_count"):
+            verify["logits_effect"] = _state_logits_effect(model, spec, metadata, reference)
+    clock.lap("verify")
+    return {"durations": clock.durations, "verify": verify}
+
+
+def _state_logits_effect(model, spec: StageSpec, metadata, reference) -> dict | None:
+    """What the differing state does to the quantized logits: the loaded model's NVFP4 logits
+    against the same model after every differing tensor is set to the checkpoint's value.
+
+    Answers whether a checkpoint that loads with placeholder or wrong amax still computes the
+    same thing (tiers with NVFP4 fake quantization only; every rank takes part)."""
+    from harness.rank.logits import probe_logits
+
+    loaded = probe_logits(model, spec.model_size, spec.tier, _device())
+    written = compare.restore_from_reference(model.sharded_state_dict(metadata=metadata),
+                                             reference)
+    restored = probe_logits(model, spec.model_size, spec.tier, _device())
+    if loaded is None or "nvfp4" not in loaded:
+        return None
+    got, want = loaded["nvfp4"], restored["nvfp4"]
+    finite = torch.isfinite(got) & torch.isfinite(want)
+    diff = (got[finite] - want[finite]).abs().max().item() if finite.any() else None
+    scale = want[finite].abs().max().item() if finite.any() else None
+    return {
+        "tensors_set_on_rank0": written,
+        "nonfinite_loaded": int((~torch.isfinite(got)).sum()),
+        "nonfinite_restored": int((~torch.isfinite(want)).sum()),
+        "logits": got.numel(),
+        "nvfp4_rel_max_abs": None if not scale else round(diff / scale, 6),
+    }
+
+
+def _saved_pp(ref_dir: Path) -> int:
+    from harness.topology.topology import Topology
+
+    return Topology.parse((ref_dir / "saved_topology.txt").read_text()).pp
+
+
+def _dump_stage(spec: StageSpec) -> dict:
+    from harness.rank.record_sharding import dump_stage
+
+    return dump_stage(spec)
+
+
+STAGES = {"save": save_stage, "load": load_stage, "dump-metadata": _dump_stage}

@@ -1,0 +1,1 @@
+"""Summaries, the grid picture, the un-quarantine verdict."""

@@ -1,0 +1,306 @@
+"""Un-quarantine verdict for the two nmm-sandbox jobs (scenarios/quarantine.toml).
+
+Each job names its save and load topology. Its evidence is the cells of the unpatched witness
+scenario and of the patched fix scenario at exactly those topologies (the save-only cell and the
+save -> load cell). Per job and per modelopt version the verdict is one of:
+
+- ``SAFE``: the witness cells come back ``unexpected-pass`` / ``pass``: the bug no longer
+  reproduces at the job's shapes on unpatched modelopt, so the job can leave quarantine as is.
+- ``SAFE WITH PATCH``: every fix cell at the job's shapes passes (with the witness, where
+  present, still reproducing): the job can leave quarantine with the patch (harness/fix).
+- ``BLOCKED``: the witness reproduces the bug at the job's shapes and no complete passing fix
+  evidence is at hand.
+- ``INCOMPLETE``: the evidence at hand cannot decide (cells missing); nothing is guessed.
+- ``NO EVIDENCE``: every evidence cell was skipped (a GPU tier on a machine without a GPU).
+- ``UNEXPECTED FAILURE``: an evidence cell failed in a way the grid did not predict; the only
+  verdict that makes ``main`` exit non-zero.
+
+A recorded cell that failed only an older logits criterion is judged again under today's
+(``rejudged``: the note says so), so evidence recorded before a criterion change still counts.
+
+Evidence comes from results.json files (``--results``, judged one by one and, where several
+share a modelopt version, together), or, with none given, from running the cells now.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness.report.summary import cause
+from harness.paths import QUARANTINE_FILE, RESULTS_DIR
+from harness.scenario.scenarios import Cell, Scenario, load_all
+from harness.topology.topology import Topology
+
+QUARANTINE = QUARANTINE_FILE
+
+SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
+INCOMPLETE, NO_EVIDENCE, UNEXPECTED = "INCOMPLETE", "NO EVIDENCE", "UNEXPECTED FAILURE"
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    name: str
+    pipeline: str
+    issue: str
+    review_by: str
+    failing_stage: str
+    save: Topology
+    load: Topology
+    production: str
+    assumption: str
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    jobs: tuple[Job, ...]
+    witness: str  # scenario names
+    fix: str
+
+
+def load_quarantine(path: Path = QUARANTINE) -> Quarantine:
+    data = tomllib.loads(path.read_text())
+    jobs = tuple(
+        Job(
+            id=j["id"], name=j["name"], pipeline=j["pipeline"], issue=j["issue"],
+            review_by=str(j["review_by"]), failing_stage=j["failing_stage"],
+            save=Topology.parse(j["save"]), load=Topology.parse(j["load"]),
+            production=f"{j['production_save']} -> {j['production_load']}",
+            assumption=" ".join(j.get("assumption", "").split()),
+        )
+        for j in data["jobs"]
+    )
+    return Quarantine(jobs, data["witness_scenario"], data["fix_scenario"])
+
+
+def job_cells(job: Job, scenario: Scenario) -> list[Cell]:
+    """The scenario's save-only cell at the job's save and its save -> load cell."""
+    cells = [c for c in scenario.cells() if c.save.id == job.save.id
+             and (c.load is None or c.load.id == job.load.id)]
+    if not any(c.load is not None for c in cells):
+        raise ValueError(f"scenario {scenario.name} has no cell save={job.save.id} -> "
+                         f"load={job.load.id} for job {job.id}; add the topologies to "
+                         f"{Path(scenario.source).name}")
+    return cells
+
+
+@dataclass
+class Evidence:
+    cell_id: str
+    role: str  # "witness" | "fix"
+    outcome: str  # a results.json outcome, or "missing"
+    note: str = ""
+
+
+@dataclass
+class Verdict:
+    job: Job
+    word: str
+    detail: str
+    tier: str
+    evidence: list[Evidence] = field(default_factory=list)
+
+    @property
+    def unexpected(self) -> bool:
+        return self.word == UNEXPECTED
+
+
+def expected_for(cell: Cell, rec: Mapping[str, Any]) -> str:
+    """The cell's expectation under the modelopt version that produced ``rec``."""
+    from harness.check.versions import behaviour_for
+
+    return cell.expected_under(behaviour_for(rec.get("modelopt")))
+
+
+def _note(cell: Cell, rec: Mapping[str, Any] | None) -> str:
+    if rec is None:
+        return ""
+    parts = [cause(rec)] if cause(rec) else []
+    if rec.get("notice"):
+        parts.append(rec["notice"])
+    now = expected_for(cell, rec)
+    if rec.get("expected") and rec["expected"] != now:
+        parts.append(f"recorded expecting {rec['expected']}; the grid now expects {now}")
+    return "; ".join(parts)
+
+
+def rejudged(cell: Cell, rec: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, str]:
+    """``rec`` judged again under today's logits rule, and a note saying so when that changes it.
+
+    Only a cell expected to pass that failed nothing but its logits check can change: its
+    recorded figures (routing flips, identically routed tokens) are judged by
+    ``harness.rank.logits.judge_logits``; every other check is re-applied as recorded.
+    """
+    from harness.rank.logits import judge_logits
+    from harness.run.cell import _verify_problems
+
+    if (not rec or rec.get("outcome") != "unexpected-failure" or rec.get("failed_stage") != "verify"
+            or expected_for(cell, rec) != "pass" or "logits_plain" not in (rec.get("verify") or {})):
+        return rec, ""
+    verify = {**rec["verify"], **judge_logits(rec["verify"], rec["tier"])}
+    if _verify_problems(verify, cell.scenario.known_gaps):
+        return rec, ""
+    return {**rec, "outcome": "pass", "verify": verify}, (
+        f"recorded as unexpected-failure (logits); re-judged pass under the current logits rule: "
+        f"{verify.get('routing_flips', 0)} routing flip(s), identically routed tokens rel "
+        f"{verify['logits_rel_diff']:.3g}")
+
+
+def judge(job: Job, witness: list[Cell], fix: list[Cell],
+          records: Mapping[str, Mapping[str, Any]]) -> Verdict:
+    """The verdict for one job from ``records`` (cell id -> results.json record)."""
+    rows, notes = [], {}
+    for role, cells in (("witness", witness), ("fix", fix)):
+        for c in cells:
+            rec, notes[c.id] = rejudged(c, records.get(c.id))
+            rows.append((c, role, rec))
+    evidence = [Evidence(c.id, role, r["outcome"] if r else "missing",
+                         "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
+                for c, role, r in rows]
+    tier = (witness or fix)[0].scenario.tier
+    v = lambda word, detail: Verdict(job, word, detail, tier, evidence)  # noqa: E731
+
+    def ran(role):
+        return [r["outcome"] for _, ro, r in rows if ro == role and r and r["outcome"] != "skipped"]
+
+    def complete(role):
+        return all(r and r["outcome"] != "skipped" for _, ro, r in rows if ro == role)
+
+    bad = [e.cell_id for e in evidence if e.outcome == "unexpected-failure"]
+    if bad:
+        return v(UNEXPECTED, f"{len(bad)} evidence cell(s) failed unexpectedly: {', '.join(bad)}")
+    present = [r for _, _, r in rows if r]
+    if present and not ran("witness") and not ran("fix"):
+        reason = next((r.get("reason") for r in present if r.get("reason")), "") or ""
+        why = f"tier {tier} needs a GPU" if "GPU" in reason else reason
+        return v(NO_EVIDENCE, f"on this machine ({why})")
+    w, f = ran("witness"), ran("fix")
+    reproduced = "bug-reproduced" in w
+    missing_fix = [e.cell_id for e in evidence if e.role == "fix" and e.outcome in ("missing", "skipped")]
+    if w and complete("witness") and all(o in ("pass", "unexpected-pass") for o in w):
+        how = ("the bug no longer reproduces (this version was expected to fail)"
+               if "unexpected-pass" in w else "this version's own rules expect it to pass, and it does")
+        return v(SAFE, f"fixed upstream: unpatched, save {job.save.id} / load {job.load.id} "
+                       f"pass: {how}")
+    if complete("fix") and all(o == "pass" for o in f):
+        unpatched = ("unpatched the witness still reproduces the bug (BLOCKED without the patch)"
+                     if reproduced else "no unpatched evidence here")
+        return v(SAFE_WITH_PATCH, f"every patched cell at the job's shapes passes; {unpatched}")
+    if reproduced:
+        fix_state = (f"fix evidence incomplete, missing {', '.join(missing_fix)}" if missing_fix
+                     else f"fix cells: {', '.join(f)}")
+        return v(BLOCKED, f"the unpatched witness reproduces the bug at the job's shapes; {fix_state}")
+    missing = [e.cell_id for e in evidence if e.outcome in ("missing", "skipped")]
+    return v(INCOMPLETE, "cannot decide from this evidence"
+             + (f"; missing {', '.join(missing)}" if missing else
+                f"; outcomes {', '.join(e.outcome for e in evidence)}"))
+
+
+def judge_records(records: Mapping[str, Mapping[str, Any]], quarantine: Quarantine | None = None,
+                  scenarios: list[Scenario] | None = None) -> list[Verdict]:
+    q = quarantine or load_quarantine()
+    by_name = {s.name: s for s in (scenarios or load_all())}
+    return [judge(j, job_cells(j, by_name[q.witness]), job_cells(j, by_name[q.fix]), records)
+            for j in q.jobs]
+
+
+def doc_records(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """cell id -> record; records from before version-aware runs take the doc's modelopt."""
+    return {c["cell_id"]: {**c, "modelopt": c.get("modelopt") or _modelopt(doc)}
+            for c in doc.get("cells") or []}
+
+
+def judge_doc(doc: Mapping[str, Any], **kw) -> list[Verdict]:
+    return judge_records(doc_records(doc), **kw)
+
+
+def existing_checkpoints(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What unpatched loads of the committed goldens gave: the checkpoints users already have."""
+    from harness.run.cell import held_after_load
+
+    lines = []
+    for cid, rec in sorted(records.items()):
+        if rec.get("scenario") != "gpu-golden-witness" or rec.get("outcome") == "skipped":
+            continue
+        what = (held_after_load(rec["verify"]) if rec.get("verify")
+                else cause(rec) or rec.get("reason") or "")
+        lines.append(f"      {cid.split('[', 1)[1].rstrip(']')}: {rec['outcome']} - {what}")
+    return (["    existing checkpoints (tests/golden, loaded unpatched):"] + lines) if lines else []
+
+
+def _versions(doc: Mapping[str, Any]) -> str:
+    v = doc.get("versions") or {}
+    keys = ("torch", "megatron-core", "transformer-engine", "gpu")
+    return ", ".join(f"{k} {v[k]}" for k in keys if v.get(k)) or "versions unknown"
+
+
+def format_verdicts(title: str, verdicts: list[Verdict]) -> str:
+    lines = [title]
+    for vd in verdicts:
+        j = vd.job
+        lines.append(f"  {j.id}: {vd.word} - {vd.detail}")
+        lines.append(f"    {j.name}; pipeline {j.pipeline}; issue {j.issue}; review by {j.review_by}")
+        lines.append(f"    shapes: save {j.save.id} -> load {j.load.id} (production {j.production}, "
+                     f"see assumption in scenarios/quarantine.toml); tier {vd.tier}")
+        for e in vd.evidence:
+            lines.append(f"      [{e.role}] {e.cell_id}: {e.outcome}" + (f"  ({e.note})" if e.note else ""))
+    return "\n".join(lines)
+
+
+def _modelopt(doc: Mapping[str, Any]) -> str:
+    return str((doc.get("versions") or {}).get("nvidia-modelopt") or "unknown")
+
+
+def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list[Verdict]]:
+    """Text for each (label, results doc), then for each modelopt version with several docs the
+    verdict of their records together (newer runs win for the same cell). Returns all verdicts."""
+    out, every = [], []
+    for label, doc in docs:
+        vds = judge_doc(doc)
+        every += vds
+        out.append("\n".join([format_verdicts(
+            f"== modelopt {_modelopt(doc)}: {label} (run {doc.get('run_id', '?')}, "
+            f"tier {doc.get('tier', '?')}; {_versions(doc)})", vds),
+            *existing_checkpoints(doc_records(doc))]))
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for _, doc in docs:
+        groups.setdefault(_modelopt(doc), []).append(doc)
+    for version, group in groups.items():
+        if len(group) < 2:
+            continue
+        records: dict[str, Mapping[str, Any]] = {}
+        for doc in sorted(group, key=lambda d: (str(d.get("created", "")), str(d.get("run_id", "")))):
+            for cid, c in doc_records(doc).items():
+                if c.get("outcome") != "skipped" or cid not in records:
+                    records[cid] = c
+        runs = ", ".join(str(d.get("run_id", "?")) for d in group)
+        vds = judge_records(records)
+        every += vds
+        out.append("\n".join([format_verdicts(
+            f"== modelopt {version}: all {len(group)} runs together ({runs}; newer runs win for "
+            "the same cell)", vds), *existing_checkpoints(records)]))
+    return "\n\n".join(out), every
+
+
+def main(args) -> int:
+    paths = [Path(p) for p in (getattr(args, "results", None) or [])]
+    if paths:
+        docs = [(str(p), json.loads(p.read_text())) for p in paths]
+    else:
+        from harness.run.cells import run_cells, select_cells
+
+        q, scenarios = load_quarantine(), load_all()
+        by_name = {s.name: s for s in scenarios}
+        ids = [c.id for j in q.jobs for name in (q.witness, q.fix) for c in job_cells(j, by_name[name])]
+        cells = select_cells(scenarios, ids)
+        print(f"running {len(cells)} verdict cell(s) with the installed modelopt", file=sys.stderr)
+        doc = run_cells(cells, Path(getattr(args, "results_root", RESULTS_DIR)), label="verdict",
+                        out=sys.stderr)
+        docs = [("this machine, installed modelopt", doc)]
+    text, verdicts = verdict_report(docs)
+    print(text)
+    return 1 if any(v.unexpected for v in verdicts) else 0

@@ -1,0 +1,1 @@
+"""A cell, the cell loop, results files, repro, the version matrix."""

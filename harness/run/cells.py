@@ -1,0 +1,126 @@
+"""Controller loops outside pytest: run scenario cells in order, record metadata."""
+from __future__ import annotations
+
+import fnmatch
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from harness.scenario.machine import tier_skip_reason, versions
+from harness.run.results import CellRecord, collect, new_run_dir, write_record
+from harness.run.cell import _safe, new_record, run_cell
+
+
+def _skipped(cell, reason: str) -> CellRecord:
+    rec = new_record(cell)
+    rec.outcome, rec.reason = "skipped", reason
+    return rec
+
+
+def select_cells(scenarios, patterns: list[str] | None = None) -> list:
+    """Every cell, or those whose id matches one of the glob ``patterns``."""
+    cells = [c for s in scenarios for c in s.cells()]
+    if not patterns:
+        return cells
+    # Cell ids contain brackets: they are literal here, only * and ? are wildcards.
+    globs = [p.replace("[", "\0").replace("]", "[]]").replace("\0", "[[]") for p in patterns]
+    chosen = [c for c in cells if any(fnmatch.fnmatchcase(c.id, g) for g in globs)]
+    # A chosen load needs its save: keep the save-only cell of every save a chosen cell uses.
+    needed = {(c.scenario.name, c.save_id) for c in chosen}
+    return [c for c in cells if c in chosen
+            or (c.load is None and (c.scenario.name, c.save_id) in needed)]
+
+
+def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdout) -> dict:
+    """Run cells (skipping those this machine cannot run); print progress, then the table.
+
+    Saves run first, then every load, each phase ``jobs`` cells at a time: a load needs its
+    save's checkpoint, and cells sharing a save must not race to create it.
+    """
+    from harness.report.summary import markdown_summary, progress_line
+
+    run_dir = new_run_dir(results_root, label)
+    start, lock, state = time.monotonic(), threading.Lock(), {"done": 0, "failures": 0}
+
+    def one(cell) -> None:
+        reason = tier_skip_reason(cell.scenario.tier, cell.world)
+        if reason:
+            rec = _skipped(cell, reason)
+            write_record(rec, run_dir / "cells" / _safe(cell.id) / "record.json")
+        else:
+            rec = run_cell(cell, run_dir)
+        with lock:
+            state["done"] += 1
+            state["failures"] += rec.outcome in ("unexpected-failure", "unexpected-pass")
+            print(progress_line(state["done"], len(cells), state["failures"],
+                                time.monotonic() - start) + f"  {cell.id}: {rec.outcome}",
+                  file=out, flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, [c for c in cells if c.load is None]))
+        list(pool.map(one, [c for c in cells if c.load is not None]))
+    doc = collect(run_dir, versions())
+    print(markdown_summary(doc), file=out)
+    print(f"results: {run_dir / 'results.json'}", file=out)
+    return doc
+
+
+def dump_metadata(topo, tier: str, backend: str, patch: str, out: Path, results_root: Path) -> int:
+    from harness.launch.torchrun import run_stage
+    from harness.model.gpt import CPU_SIZE, GPU_SIZE
+    from harness.rank.spec import StageSpec
+
+    from harness.topology.topology import TopologyError
+
+    size = GPU_SIZE if backend == "te" else CPU_SIZE
+    try:
+        topo.check(size)
+    except TopologyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    reason = tier_skip_reason(tier, topo.world_size)
+    if reason:
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
+    stage_dir = new_run_dir(results_root, f"dump-{topo.id}-{patch}")
+    spec = StageSpec("dump-metadata", topo.id, tier, backend, "", "", patch=patch,
+                     size=size.as_dict(), output=str(out.resolve()))
+    run = run_stage("dump-metadata", stage_dir, topo.world_size,
+                    [str(spec.write(stage_dir / "spec.json"))], timeout_s=300)
+    print(run.summary())
+    return 0 if run.ok else 1
+
+
+def run_probe(probe: dict, nproc: int, stage_dir: Path, timeout_s: float = 240):
+    """Start ``harness.rank.probes`` on ``nproc`` gloo ranks; returns the launcher's StageRun."""
+    import json
+
+    from harness.launch.torchrun import run_stage
+
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    spec = stage_dir / "probe.json"
+    spec.write_text(json.dumps(probe))
+    return run_stage(f"probe-{probe['probe']}", stage_dir, nproc, [str(spec)],
+                     timeout_s=timeout_s, rank_module="harness.rank.probes")
+
+
+def probe_oracle_world(topologies, world: int, num_experts: int, stage_dir: Path,
+                       chunk: int = 16) -> dict:
+    """Real megatron-core validation of the per-expert amax rule for topologies of one world.
+
+    Every topology builds all of megatron's process groups anew and torch keeps the old ones
+    alive, so one torchrun handles at most ``chunk`` topologies (seen: 49 topologies on 6 gloo
+    ranks stalled in group creation).
+    """
+    results: dict = {}
+    for n in range(0, len(topologies), chunk):
+        part = topologies[n:n + chunk]
+        run = run_probe({"probe": "oracle", "topologies": [t.id for t in part],
+                         "num_experts": num_experts}, world, stage_dir / f"chunk{n // chunk}",
+                        timeout_s=120 + 10 * len(part))
+        if not run.ok:
+            raise RuntimeError(f"oracle probe on {world} ranks failed: {run.summary()}")
+        results.update(run.rank_results[0]["results"])
+    return results

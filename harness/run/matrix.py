@@ -1,0 +1,306 @@
+"""``python -m harness matrix [--modelopt V ...]``: the scenarios against several ModelOpt versions.
+
+Why: users must know, per nvidia-modelopt release, what is broken, what is fixed and what
+happens to the checkpoints they already have. One table says, per version, what ran, on which
+tier, and with what outcome, so a "pass" on CPU is never mistaken for a GPU result. Every cell
+is judged by the expectations of the version its ranks imported (harness/check/versions.py).
+
+``V`` is a release (``0.48.0rc1``), a local wheel (``path/nvidia_modelopt-V-*.whl``) or, inside
+the docker image, a git ref (``git:<ref>``). Per version, ``tools/matrix-env.sh V`` gives an
+environment; in it the matrix runs
+  * ``import``: this modelopt next to megatron-core (and whether its megatron plugin imports);
+  * one ``python -m harness run`` of the decisive cells (``MATRIX_CELLS``): ``witness`` (unpatched,
+    the report's and the two jobs' shapes), ``second-bug`` (its loads where a rank holds several
+    experts: how many expert amax the model lost), ``fix`` (patched; only where harness.fix
+    applies), ``goldens`` (every committed golden loaded unpatched: what the model holds after),
+    ``cpu-reshard`` (ModelOpt NVFP4 on megatron's local-spec SequentialMLP, cpu tier; skipped
+    with the reason where the version's plugin needs TE). GPU cells skip without a GPU.
+  * ``oracle``: the oracle-vs-real-validation test for world 2 (megatron-core only: a control).
+Every step runs in its own process session with a timeout and is killed with its children.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.paths import REPO_ROOT
+
+COLUMNS = ("import", "witness", "second-bug", "fix", "goldens", "cpu-reshard", "oracle")
+SCENARIO_COLUMN = {"gpu-witness": "witness", "gpu-fix": "fix", "gpu-golden-witness": "goldens",
+                   "cpu-reshard": "cpu-reshard"}
+# The cells that decide a version's verdict, about 15 stages on the GPU: the report's save and
+# the Ultra job (tp4-etp1-ep8, saved and reloaded), the smallest failing save (tp2-etp1-ep2);
+# the Nano QAD story (save
+# tp1-etp1-ep8, reload tp4-etp1-ep8); loads at TP < ETP and at one rank holding every expert
+# (the second bug); the patched job shapes; every golden; one cpu cell.
+MATRIX_CELLS = (
+    "gpu-witness[save=tp2-etp1-ep2-pp1,save-only]",
+    "gpu-witness[save=tp4-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",  # Ultra PTQ save/load
+    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
+    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp2-ep1-pp1]",
+    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp1-ep1-pp1]",
+    "gpu-fix[save=tp4-etp1-ep8-pp1,save-only]",
+    "gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
+    "gpu-golden-witness*",
+    "cpu-reshard[save=tp1-etp1-ep2-pp1,load=tp1-etp1-ep1-pp1]",
+)
+IMPORT_PROBE = (
+    "import warnings; warnings.filterwarnings('ignore');"
+    "import torch, megatron.core, modelopt, modelopt.torch.quantization;"
+    "from modelopt.torch.opt.plugins.mcore_dist_checkpointing import save_sharded_modelopt_state;"
+    "from harness.check.versions import plugin_problem, behaviour_for;"
+    "b = behaviour_for(modelopt.__version__);"
+    "print('modelopt', modelopt.__version__, 'megatron-core', megatron.core.__version__,"
+    " 'torch', torch.__version__, '| rules', b.label, '|', plugin_problem() or 'plugin ok')"
+)
+TIMEOUTS = {"env": 900, "import": 300, "run": 900, "oracle": 600}
+
+
+@dataclass
+class Cell:
+    """One table cell: outcome counts and the tier(s) they came from."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    tiers: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def text(self) -> str:
+        if not self.counts:
+            return self.note or "-"
+        body = ", ".join(f"{n} {o}" for o, n in sorted(self.counts.items(), key=lambda x: (-x[1], x[0])))
+        tier = "/".join(self.tiers) if self.tiers else "?"
+        return f"{body} [{tier}]" + (f" ({self.note})" if self.note else "")
+
+
+def versions_from(args) -> list[str]:
+    """``--modelopt`` values in order, duplicates dropped; the defaults when none given."""
+    from harness.check.versions import DEFAULT_MATRIX
+
+    vs = list(dict.fromkeys(getattr(args, "modelopt", None) or DEFAULT_MATRIX))
+    for v in vs:
+        if v.endswith(".whl"):
+            if not Path(v).is_file():
+                raise ValueError(f"--modelopt {v!r}: no such wheel file")
+        elif not re.fullmatch(r"(git:)?[0-9A-Za-z][0-9A-Za-z._+/-]*", v):
+            raise ValueError(f"--modelopt {v!r}: not a version, a wheel file or git:<ref>")
+    return vs
+
+
+def column_of(record: dict) -> str:
+    """Which matrix column a cell record counts in."""
+    col = SCENARIO_COLUMN.get(record["scenario"], record["scenario"])
+    if col == "witness" and record.get("load_topology") and record.get("expected") in (
+            "amax-lost", "pass") and _holds_several_experts(record):
+        return "second-bug"
+    return col
+
+
+@functools.lru_cache(maxsize=None)
+def _scenario_sizes() -> dict:
+    """Scenario name -> model size, read once (every record of a run asks)."""
+    from harness.scenario.scenarios import load_all
+
+    return {s.name: s.size for s in load_all()}
+
+
+def _holds_several_experts(record: dict) -> bool:
+    from harness.topology.topology import Topology
+
+    size = _scenario_sizes().get(record["scenario"])
+    return bool(size) and size.num_experts // Topology.parse(record["load_topology"]).ep > 1
+
+
+def cells_from_results(doc: dict) -> dict[str, Cell]:
+    """results.json of one ``harness run`` -> a Cell per column (skip reasons kept short)."""
+    out: dict[str, Cell] = {}
+    reasons: dict[str, Counter] = {}
+    lost: dict[str, list[str]] = {}
+    for c in doc.get("cells", []):
+        col = column_of(c)
+        cell = out.setdefault(col, Cell())
+        cell.counts[c["outcome"]] = cell.counts.get(c["outcome"], 0) + 1
+        if c["tier"] not in cell.tiers:
+            cell.tiers.append(c["tier"])
+        if c["outcome"] in ("skipped", "blocked") and c.get("reason"):
+            reasons.setdefault(col, Counter())[c["reason"].split(";")[0][:120]] += 1
+        st = (c.get("verify") or {}).get("expert_amax_state")
+        if col == "second-bug" and st and st.get("saved"):
+            lost.setdefault(col, []).append(f"{st['saved'] - st['restored']}/{st['saved']}")
+    for col, r in reasons.items():
+        out[col].note = r.most_common(1)[0][0]
+    for col, figures in lost.items():
+        out[col].note = "expert amax lost per load: " + ", ".join(figures)
+    return out
+
+
+def _held(record: dict) -> str:
+    """One line: the load's refusal (exception, key) or what the model holds after it."""
+    from harness.launch.failures import failing_key
+    from harness.run.cell import held_after_load
+
+    if record.get("verify"):
+        return held_after_load(record["verify"])
+    message = record.get("message") or record.get("reason") or ""
+    if record.get("failed_stage") != "load":
+        return message.splitlines()[0][:160] if message else ""
+    exc = (record.get("exception_type") or "error").rsplit(".", 1)[-1]
+    key = record.get("failing_key") or failing_key(message)
+    first = message.strip().splitlines()[0][:120] if message.strip() else ""
+    return f"load refused: {exc}" + (f" on `{key}`" if key else f": {first}")
+
+
+def goldens_table(rows: dict[str, list[dict]]) -> str:
+    """Version x golden x load: outcome and what the model holds after loading."""
+    lines = ["| modelopt | golden -> load | outcome | what the model holds after the load |",
+             "| --- | --- | --- | --- |"]
+    for v, cells in rows.items():
+        for c in cells:
+            if c["scenario"] != "gpu-golden-witness":
+                continue
+            head = c["cell_id"].split("[", 1)[1].rstrip("]").replace("golden=", "")
+            lines.append(f"| {v} | {head} | {c['outcome']} (expected {c['expected']}) | "
+                         f"{_held(c)} |")
+    return "\n".join(lines)
+
+
+def cell_from_pytest(rc: int | None, output: str) -> Cell:
+    """A pytest summary line ("2 passed, 1 skipped in 9s") -> a Cell on tier cpu."""
+    counts = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (passed|failed|skipped|error|errors)\b", output)}
+    if not counts:
+        return Cell(note=f"pytest gave no summary (exit {rc})")
+    return Cell(counts, ["cpu"], "megatron-core only, modelopt not exercised")
+
+
+def render_table(rows: dict[str, dict[str, Cell]], columns=COLUMNS) -> str:
+    """Markdown table, version x scenario -> outcome counts [tier]."""
+    head = "| modelopt | " + " | ".join(columns) + " |"
+    sep = "| --- |" + " --- |" * len(columns)
+    lines = [head, sep]
+    for v, cells in rows.items():
+        lines.append(f"| {v} | " + " | ".join(cells.get(c, Cell()).text() for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _run(cmd: list[str], timeout_s: float, log: Path, env: dict | None = None) -> tuple[int | None, str]:
+    """Run in a new session; on timeout kill the whole session. Returns (rc or None, output)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # The repository first, the host's own entries kept (a GPU host's stack lives on PYTHONPATH).
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    with open(log, "wb") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                             env=full_env, start_new_session=True)
+        try:
+            rc = p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            rc = None
+    return rc, log.read_text(errors="replace")
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:160] if lines else ""
+
+
+def _env_name(v: str) -> str:
+    """Directory-safe name of a version argument (a wheel path or git ref included)."""
+    return re.sub(r"[^0-9A-Za-z._+-]+", "_", Path(v).name if v.endswith(".whl") else v)
+
+
+def run_version(v: str, root: Path) -> tuple[dict[str, Cell], list[dict]]:
+    """Environment, import probe, scenario run and oracle probe for one ModelOpt version;
+    returns the table cells and the run's cell records."""
+    logs = root / _env_name(v)
+    rc, out = _run(["bash", "tools/matrix-env.sh", v], TIMEOUTS["env"], logs / "env.log")
+    if rc != 0:
+        why = "timed out" if rc is None else _last_line(out)
+        return {"import": Cell(note=f"no env: {why}")}, []
+    py = out.strip().splitlines()[-1]
+    cells: dict[str, Cell] = {}
+    rc, out = _run([py, "-c", IMPORT_PROBE], TIMEOUTS["import"], logs / "import.log")
+    if rc != 0:
+        why = "timed out" if rc is None else _last_line(out)
+        cells["import"] = Cell({"fail": 1}, ["cpu"], why)
+        return cells, []  # nothing else can run in this env
+    cells["import"] = Cell({"pass": 1}, ["cpu"], _last_line(out).replace("modelopt ", "", 1))
+    cmd = [py, "-m", "harness", "--results-root", str(logs / "results"), "run", "--label",
+           f"matrix-{_env_name(v)}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
+    for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in MATRIX_CELLS):
+        cmd += ["--scenario", s]
+    for c in MATRIX_CELLS:
+        cmd += ["--cells", c]
+    rc, out = _run(cmd, TIMEOUTS["run"], logs / "run.log")
+    found = sorted((logs / "results").glob("*/results.json"))
+    records: list[dict] = []
+    if found:
+        records = json.loads(found[-1].read_text()).get("cells", [])
+        cells.update(cells_from_results({"cells": records}))
+    else:
+        why = "timed out" if rc is None else f"exit {rc}: {_last_line(out)}"
+        cells.update({c: Cell(note=f"no results ({why})") for c in COLUMNS[1:-1]})
+    rc, out = _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                    "tests/test_oracle_vs_megatron.py", "-k", "real_validation and 2"],
+                   TIMEOUTS["oracle"], logs / "oracle.log")
+    cells["oracle"] = cell_from_pytest(rc, out) if rc is not None else Cell(note="timed out")
+    return cells, records
+
+
+def from_files(dirs: list[str]) -> dict[str, tuple[dict[str, Cell], list[dict]]]:
+    """Rows of earlier matrix runs (their matrix.json), later files winning per version: a
+    matrix spread over several GPU sessions renders as one table."""
+    done: dict = {}
+    for d in dirs:
+        path = Path(d) / "matrix.json" if Path(d).is_dir() else Path(d)
+        try:
+            doc = json.loads(path.read_text())
+            for v, row in doc.items():
+                done[v] = ({c: Cell(**cell) for c, cell in row["columns"].items()}, row["cells"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"--from {path}: not a matrix.json of `harness matrix` ({exc})") from None
+    return done
+
+
+def main(args) -> int:
+    try:
+        versions = versions_from(args)
+        earlier = from_files(getattr(args, "from_runs", None) or [])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if earlier and not getattr(args, "modelopt", None):
+        versions = []  # render only
+    root = Path(getattr(args, "results_root", "results")) / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}"
+    jobs = int(os.environ.get("MATRIX_JOBS", len(versions)))
+    print(f"matrix: modelopt {', '.join(versions)} -> {root} (logs per version; {jobs} at a time)",
+          file=sys.stderr)
+    t0 = time.time()
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        done = {**earlier, **dict(zip(versions, pool.map(lambda v: run_version(v, root), versions)))}
+    rows = {v: cells for v, (cells, _) in done.items()}
+    table = render_table(rows)
+    goldens = goldens_table({v: recs for v, (_, recs) in done.items()})
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "matrix.md").write_text(f"{table}\n\nGoldens, loaded unpatched:\n\n{goldens}\n")
+    (root / "matrix.json").write_text(json.dumps(
+        {v: {"columns": {c: vars(cell) for c, cell in cells.items()}, "cells": recs}
+         for v, (cells, recs) in done.items()}, indent=1))
+    print(table)
+    print(f"\nGoldens, loaded unpatched:\n{goldens}")
+    print(f"\n[tier] = where the cell ran; gpu tiers are skipped without a GPU. "
+          f"{time.time() - t0:.0f} s; {root}/matrix.md")
+    bad = any(n for cells in rows.values() for c in cells.values()
+              for o, n in c.counts.items() if o in ("fail", "failed", "error", "errors",
+                                                     "unexpected-failure", "unexpected-pass"))
+    return 1 if bad else 0

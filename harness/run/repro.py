@@ -1,0 +1,105 @@
+"""``make repro``: show the bug and the fix on the best tier this machine has, within minutes.
+
+cpu (no GPU or no TE): the collision map, the real megatron-core validation reproducing the
+report's exception on gloo ranks, and the cpu-tier reshard grid. GPU host (TE + CUDA): the
+witness and the fix at the report's topology (tp4-etp1-ep8) on tier gpu-shared.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from harness.scenario.machine import tier_skip_reason, versions
+from harness.topology.topology import Topology
+
+REPORT_TOPOLOGY = "tp4-etp1-ep8-pp1"
+VALIDATION_SHOWCASE = ["tp2-etp1-ep2", "tp1-etp2-ep1", "tp2-etp1-ep1", "tp1-etp1-ep2"]
+GPU_REPRO_CELLS = [
+    f"gpu-witness[save={REPORT_TOPOLOGY},save-only]",
+    f"gpu-witness[save=tp1-etp1-ep8-pp1,load={REPORT_TOPOLOGY}]",  # the Nano QAD story
+    f"gpu-fix[save={REPORT_TOPOLOGY},load={REPORT_TOPOLOGY}]",
+    f"gpu-fix[save={REPORT_TOPOLOGY},load=tp2-etp2-ep4-pp1]",
+]
+
+
+def _header(tier: str, why: str) -> None:
+    v = versions()
+    print(f"== moe-ckpt-harness repro: tier {tier} ({why})")
+    print("   " + ", ".join(f"{k} {v[k]}" for k in ("torch", "megatron-core", "nvidia-modelopt",
+                                                      "transformer-engine", "gpu")))
+
+
+def _show_map() -> None:
+    from harness.topology.collision_map import summary
+    from harness.topology.oracle import collision_map
+
+    s = summary(collision_map(8))
+    print(f"\n== collision map (oracle), every (tp, etp, ep, pp) up to 8 ranks: "
+          f"{s['topologies']} topologies, {s['buggy_fail']} fail under modelopt 0.47.0's rule, "
+          f"{s['fixed_fail']} under the fix  (details: python -m harness map)")
+
+
+def _show_real_validation(run_dir: Path) -> bool:
+    from harness.topology.oracle import predicts_failure
+    from harness.run.cells import probe_oracle_world
+
+    topos = [Topology.parse(t) for t in VALIDATION_SHOWCASE]
+    print("\n== megatron-core validate_sharding_integrity, real, on 2 gloo ranks "
+          "(per-expert amax built as modelopt 0.47.0 does / as the fix does)")
+    real = probe_oracle_world(topos, 2, 8, run_dir / "probe-oracle-w2")
+    agree = True
+    for t in topos:
+        r = real[t.id]
+        for rule in ("buggy", "fixed"):
+            predicted = predicts_failure(t, rule)
+            agree &= predicted == (r[rule] is not None)
+        print(f"   {t.id:18} 0.47.0: {_brief(r['buggy'])}")
+        print(f"   {'':18} fixed : {r['fixed'] or 'valid'}")
+    print(f"   oracle agrees with the real validation on all {len(topos)} topologies: {agree}")
+    return agree
+
+
+def _brief(error: str | None) -> str:
+    """Exception type, first failing key and its main-replica count, from the real message."""
+    import re
+
+    if error is None:
+        return "valid"
+    keys = re.findall(r"ShardedTensor\(key='([^']+)'", error)
+    counts = re.findall(r"\): (tensor\(\[[^\]]*\][^)]*\))", error)
+    head = error.split(":", 1)[0]
+    return (f"{head} 'Invalid access pattern' on {len(keys)} key(s), first {keys[0]!r}, "
+            f"main replicas {counts[0] if counts else '?'}") if keys else error[:200]
+
+
+def repro(results_root: Path, gpu: str = "auto") -> int:
+    from harness.run.cells import run_cells, select_cells
+    from harness.scenario.scenarios import load_all
+
+    start = time.monotonic()
+    gpu_reason = tier_skip_reason("gpu-shared", 8)
+    use_gpu = gpu == "yes" or (gpu == "auto" and gpu_reason is None)
+    if gpu == "yes" and gpu_reason:
+        print(f"error: --gpu yes but {gpu_reason}")
+        return 2
+    scenarios = load_all()
+    if use_gpu:
+        _header("gpu-shared", "CUDA GPU and Transformer Engine found")
+        cells = select_cells(scenarios, GPU_REPRO_CELLS)
+        doc = run_cells(cells, results_root, "repro-gpu", jobs=4)
+    else:
+        _header("cpu", gpu_reason or "forced with --gpu no")
+        print("   GPU tiers (gpu-shared, gpu) need a CUDA GPU + Transformer Engine; "
+              "run `make repro` on a GPU host or in the docker image for the TEGroupedMLP path.")
+        _show_map()
+        from harness.run.results import new_run_dir
+
+        ok = _show_real_validation(new_run_dir(results_root, "repro-probe"))
+        print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
+        doc = run_cells(select_cells([s for s in scenarios if s.name == "cpu-reshard"]),
+                        results_root, "repro-cpu", jobs=1)
+        if not ok:
+            return 1
+    print(f"\nrepro finished in {time.monotonic() - start:.0f} s")
+    bad = [c for c in doc["cells"] if c["outcome"] in ("unexpected-failure", "unexpected-pass")]
+    return 1 if bad else 0

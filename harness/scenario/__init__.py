@@ -1,0 +1,1 @@
+"""Scenario files -> cells, tiers and what this machine can run, the quarantine file."""

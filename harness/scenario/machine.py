@@ -1,0 +1,96 @@
+"""What this machine can run: installed versions, GPUs, and which tiers are available.
+
+Tests and the CLI ask here instead of importing TE themselves: on a CPU machine the bare
+``transformer-engine`` package raises RuntimeError at import, which must become a skip reason,
+not a collection error.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata as md
+import platform
+
+TIERS = ("cpu", "gpu-shared", "gpu")
+SUPPORTED = {"megatron-core": "0.19.2"}  # nvidia-modelopt: harness/check/versions.py knows each
+
+
+def version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def te_import_error() -> str | None:
+    """None when Transformer Engine's PyTorch API imports, else the reason it does not."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:  # ImportError, or RuntimeError from the meta package on CPU
+        return f"Transformer Engine unavailable ({type(exc).__name__}: {str(exc)[:160]})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if gpu_count() else None
+
+
+def versions() -> dict:
+    return {
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "megatron-core": version("megatron-core"),
+        "nvidia-modelopt": version("nvidia-modelopt"),
+        "transformer-engine": version("transformer-engine") or version("transformer_engine"),
+        "gpu": gpu_name(),
+        "gpu_count": gpu_count(),
+    }
+
+
+def tier_skip_reason(tier: str, world: int = 1) -> str | None:
+    """Why ``tier`` cannot run a ``world``-rank job here, or None when it can."""
+    if tier not in TIERS:
+        return f"unknown tier {tier!r}; expected one of {', '.join(TIERS)}"
+    if tier == "cpu":
+        import importlib.util
+
+        if importlib.util.find_spec("transformer_engine") is not None:
+            # Seen on the H200 (docs/runs/20261202-204604-matrix): with TE installed,
+            # megatron-core sends even the local-spec router GEMM through TE's CUDA kernels.
+            return ("tier cpu runs where Transformer Engine is not installed: with TE, "
+                    "megatron-core routes the MoE router GEMM through TE's CUDA kernels")
+        return None
+    if gpu_count() == 0:
+        return f"tier {tier} needs a CUDA GPU; none visible (run the cpu tier here)"
+    if te_import_error():
+        return f"tier {tier} needs Transformer Engine: {te_import_error()}"
+    if tier == "gpu" and gpu_count() < world:
+        return (
+            f"tier gpu needs one GPU per rank: {world} ranks, {gpu_count()} GPU(s) visible "
+            "(tier gpu-shared runs it on fewer GPUs over gloo)"
+        )
+    return None
+
+
+def version_problem() -> str | None:
+    """A clear message when a package is missing or at a version this harness was not built for."""
+    mc = version("megatron-core")
+    if mc is None:
+        return "megatron-core is not installed (run `make test` or tools/bootstrap-venv.sh)"
+    if mc != SUPPORTED["megatron-core"]:
+        return f"megatron-core {mc} installed; this harness is pinned to {SUPPORTED['megatron-core']}"
+    mo = version("nvidia-modelopt")
+    if mo is None:
+        return "nvidia-modelopt is not installed"
+    from harness.check.versions import behaviour_for
+
+    return behaviour_for(mo).notice(mo)

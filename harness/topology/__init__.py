@@ -1,0 +1,1 @@
+"""Topology ids and constraints, megatron rank coordinates, the collision oracle and map."""

@@ -1,0 +1,43 @@
+"""Per-rank parallel coordinates, computed by megatron-core's own ``RankGenerator``.
+
+The controller and the collision-map oracle need to know, for every global rank of a topology,
+its dense TP/DP rank and its expert TP/EP/DP rank without starting any process. Re-deriving
+Megatron's rank layout by hand would silently drift from it, so this asks the real generator
+with the same default order ``initialize_model_parallel`` uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.topology.topology import Topology
+
+MEGATRON_DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+@dataclass(frozen=True)
+class RankCoords:
+    rank: int
+    pp: int
+    tp: int  # dense tensor-parallel rank
+    dp: int  # dense data-parallel rank
+    etp: int  # expert tensor-parallel rank
+    ep: int  # expert model-parallel rank
+    edp: int  # expert data-parallel rank
+
+
+def rank_coords(topo: Topology, order: str = MEGATRON_DEFAULT_ORDER) -> list[RankCoords]:
+    from megatron.core.parallel_state import RankGenerator
+
+    topo.check()
+    w = topo.world_size
+    dense = RankGenerator(tp=topo.tp, ep=1, dp=topo.dp, pp=topo.pp, cp=1, order=order)
+    expert = RankGenerator(tp=topo.etp, ep=topo.ep, dp=topo.edp, pp=topo.pp, cp=1, order=order)
+
+    def position(gen, token: str) -> dict[int, int]:
+        return {r: i for group in gen.get_ranks(token) for i, r in enumerate(group)}
+
+    pp, tp, dp = (position(dense, t) for t in ("pp", "tp", "dp"))
+    epp, etp, ep, edp = (position(expert, t) for t in ("pp", "tp", "ep", "dp"))
+    if pp != epp:  # megatron-core asserts the same; say it plainly here
+        raise AssertionError(f"dense and expert pipeline groups differ for {topo.id}")
+    return [RankCoords(r, pp[r], tp[r], dp[r], etp[r], ep[r], edp[r]) for r in range(w)]

@@ -1,0 +1,85 @@
+"""Collision-map oracle: which topologies give each per-expert weight-quantizer amax exactly one
+main replica, under modelopt 0.47.0's replica_id rule and under the fixed rule.
+
+A fast model of megatron-core's ``validate_sharding_integrity`` for the per-expert ``_amax``
+entries only; it is NOT the real thing. It is cross-checked against the real megatron-core
+validation (tests/test_oracle_vs_megatron.py) and against metadata recorded on GPUs.
+
+The rules (findings.md, modelopt 0.47.0 ``_QuantMegatronTEGroupedLinear.sharded_state_dict``):
+- buggy: replica_id = (0, DENSE tp rank, expert dp rank)
+- fixed: replica_id = (0, EXPERT tp rank, expert dp rank)
+A ShardedTensor is a main replica when every replica_id entry is 0; validation (global rank 0)
+requires exactly one main replica for every global expert of every pipeline stage.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from harness.topology.coords import RankCoords, rank_coords
+from harness.topology.topology import Topology, enumerate_topologies
+
+RULES = ("buggy", "fixed")
+
+
+def replica_id(c: RankCoords, rule: str) -> tuple[int, int, int]:
+    if rule == "buggy":
+        return (0, c.tp, c.edp)
+    if rule == "fixed":
+        return (0, c.etp, c.edp)
+    raise ValueError(f"unknown replica rule {rule!r}; expected one of {RULES}")
+
+
+@dataclass
+class Collision:
+    """One (pp stage, ep rank) whose experts do not have exactly one main replica."""
+
+    pp: int
+    ep: int
+    main_replicas: int
+
+
+@dataclass
+class MapEntry:
+    world: int
+    tp: int
+    etp: int
+    ep: int
+    pp: int
+    id: str
+    buggy_ok: bool
+    fixed_ok: bool
+    buggy_collisions: list[Collision] = field(default_factory=list)
+    fixed_collisions: list[Collision] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def collisions(topo: Topology, rule: str) -> list[Collision]:
+    """Main-replica counts that are not 1, per (pp stage, ep rank).
+
+    Every local expert of an EP rank is held by the same set of ranks, so counting per
+    (pp, ep) is counting per global expert.
+    """
+    coords = rank_coords(topo)
+    counts = Counter()
+    for c in coords:
+        counts[(c.pp, c.ep)] += replica_id(c, rule) == (0, 0, 0)
+    holders = {(c.pp, c.ep) for c in coords}
+    return [Collision(pp, ep, counts[(pp, ep)]) for pp, ep in sorted(holders) if counts[(pp, ep)] != 1]
+
+
+def map_entry(topo: Topology) -> MapEntry:
+    bug, fix = collisions(topo, "buggy"), collisions(topo, "fixed")
+    return MapEntry(
+        topo.world_size, topo.tp, topo.etp, topo.ep, topo.pp, topo.id, not bug, not fix, bug, fix
+    )
+
+
+def collision_map(max_world: int, size=None) -> list[MapEntry]:
+    return [map_entry(t) for t in enumerate_topologies(max_world, size)]
+
+
+def predicts_failure(topo: Topology, rule: str = "buggy") -> bool:
+    return bool(collisions(topo, rule))
