@@ -1,4 +1,5 @@
-"""``python -m harness <command>``: map, repro, run, dump-metadata, verdict, inspect."""
+"""``python -m harness <command>``: the one entry point (map, run, repro, dump-metadata, verdict,
+report, inspect, matrix, golden). Rank programs (harness/rank/) are internal modules."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from harness.paths import RESULTS_DIR
+from harness.scenario.machine import TIERS
 
 
 def _quiet() -> None:
@@ -41,8 +43,9 @@ def cmd_run(args) -> int:
               "see scenarios/*.toml", file=sys.stderr)
         return 2
     doc = run_cells(cells, Path(args.results_root), label=args.label, jobs=args.jobs)
-    return 0 if all(c["outcome"] in ("pass", "bug-reproduced", "blocked", "skipped")
-                    for c in doc["cells"]) else 1
+    from harness.records import UNEXPECTED_OUTCOMES
+
+    return 1 if any(c["outcome"] in UNEXPECTED_OUTCOMES for c in doc["cells"]) else 0
 
 
 def cmd_repro(args) -> int:
@@ -65,13 +68,21 @@ def cmd_dump(args) -> int:
 
 
 def cmd_verdict(args) -> int:
-    from harness.report.verdict import main as verdict_main
+    """Judge the given results.json files, or run the quarantined jobs' cells here first."""
+    from harness.report import verdict
 
-    return verdict_main(args)
+    if args.results:
+        return verdict.main(verdict.read_docs(args.results))
+    from harness.run.cells import run_cells
+
+    cells = verdict.cells_to_run()
+    print(f"running {len(cells)} verdict cell(s) with the installed modelopt", file=sys.stderr)
+    doc = run_cells(cells, Path(args.results_root), label="verdict", out=sys.stderr)
+    return verdict.main([("this machine, installed modelopt", doc)])
 
 
 def cmd_report(args) -> int:
-    from harness.report.cli import main as report_main
+    from harness.report.summary import main as report_main
 
     return report_main(args)
 
@@ -80,6 +91,27 @@ def cmd_inspect(args) -> int:
     from harness.golden.inspect import main as inspect_main
 
     return inspect_main(args)
+
+
+def cmd_golden(args) -> int:
+    from harness.golden.manifest import GoldenError, verify_manifest, write_manifest
+    from harness.run.golden import make_golden
+
+    try:
+        if args.golden_cmd == "make":
+            print(make_golden(args.dir, topology=args.topology,
+                       validate_sharding=args.validate_sharding == "true", tier=args.tier,
+                       notes=args.notes))
+        elif args.golden_cmd == "write":
+            print(write_manifest(args.dir, topology=args.topology, made_by=args.made_by,
+                                 layout=args.layout, notes=args.notes))
+        else:
+            doc = verify_manifest(args.dir)
+            print(f"{args.dir}: {len(doc['files'])} files verified")
+    except GoldenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def cmd_matrix(args) -> int:
@@ -116,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     d = sub.add_parser("dump-metadata", help="record sharded-state-dict metadata of a topology")
     d.add_argument("--topology", required=True)
-    d.add_argument("--tier", default="gpu-shared", choices=("cpu", "gpu-shared", "gpu"))
+    d.add_argument("--tier", default="gpu-shared", choices=TIERS)
     d.add_argument("--backend", default="te", choices=("te", "local"))
     d.add_argument("--patch", default="none", choices=("none", "fix"))
     d.add_argument("--out", required=True)
@@ -134,6 +166,24 @@ def main(argv: list[str] | None = None) -> int:
     ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds")
     ins.add_argument("ckpt")
     ins.set_defaults(fn=cmd_inspect)
+
+    g = sub.add_parser("golden", help="golden checkpoints: make (GPU host), write or verify a manifest")
+    gsub = g.add_subparsers(dest="golden_cmd", required=True)
+    gm = gsub.add_parser("make", help="save stage + manifest (GPU host; not run on CPU)")
+    gm.add_argument("dir")
+    gm.add_argument("--topology", required=True)
+    gm.add_argument("--validate-sharding", choices=("true", "false"), default="true")
+    gm.add_argument("--tier", default="gpu-shared", choices=TIERS)
+    gm.add_argument("--notes", default="")
+    gw = gsub.add_parser("write", help="manifest for a checkpoint made elsewhere")
+    gw.add_argument("dir")
+    gw.add_argument("--topology", required=True)
+    gw.add_argument("--made-by", required=True)
+    gw.add_argument("--layout", default="")
+    gw.add_argument("--notes", default="")
+    gv = gsub.add_parser("verify", help="every file's sha256 against the manifest")
+    gv.add_argument("dir")
+    g.set_defaults(fn=cmd_golden)
 
     mx = sub.add_parser("matrix", help="witness + fix scenarios against several modelopt versions")
     mx.add_argument("--modelopt", action="append", default=[],

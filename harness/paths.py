@@ -1,6 +1,7 @@
 """Where things live in this repository: the one place each path is written down."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -8,3 +9,8 @@ SCENARIO_DIR = REPO_ROOT / "scenarios"
 QUARANTINE_FILE = SCENARIO_DIR / "quarantine.toml"
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
 RESULTS_DIR = Path("results")  # relative to the working directory, like every CLI default
+
+
+def safe_name(name: str) -> str:
+    """A cell or save id as one directory name (ids hold '[', '=', ',')."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")

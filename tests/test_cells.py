@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from harness.scenario.machine import tier_skip_reason
-from harness.run.results import GOOD_OUTCOMES
+from harness.records import GOOD_OUTCOMES
 
 
 def test_cell(cell, run_dir):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from harness.check import compare
+from harness.check.keys import is_expert_weight_amax
 
 pytestmark = pytest.mark.cpu
 
@@ -48,7 +49,7 @@ def test_missing_expert_amax_and_replica_disagreement_are_reported(tmp_path):
     ])
     assert disagree == [key]
     assert reference[key].item() == 1.0  # the main replica wins, as in the checkpoint
-    assert compare.is_expert_amax(key)
+    assert is_expert_weight_amax(key)
     assert compare.missing_keys(reference, present_on_any_rank=set()) == [key]
 
 

@@ -1,4 +1,4 @@
-"""Classifier unit tests on the exact texts seen in findings.md / bug-report.md and torchrun logs."""
+"""Classifier unit tests on the exact texts of the bug report and torchrun logs (docs/findings.md)."""
 import pytest
 
 from harness.launch import failures as F
@@ -108,7 +108,7 @@ def test_sigabrt_from_cpp_terminate_names_the_what():
 
 def test_hang_is_the_rank_outside_any_collective():
     in_coll = 'File "/x/torch/distributed/distributed_c10d.py", line 3252 in all_reduce'
-    outside = 'File "/work/main/harness/rank/inject.py", line 77 in _fire'
+    outside = 'File "/repo/harness/rank/inject.py", line 77 in _fire'
     exits = [F.RankExit(rank=1, pid=9, exitcode=-15, died_at=20.0, signalled=True, stack=outside),
              F.RankExit(rank=3, pid=8, exitcode=-15, died_at=20.0, signalled=True, stack=in_coll)]
     cause, sec = F.classify("save", [err(0, GLOO_TIMEOUT, 19.9), err(2, GLOO_TIMEOUT, 19.95)], exits)
@@ -129,7 +129,7 @@ def test_no_failures():
 
 def test_all_timed_out_odd_call_site_is_the_mismatch():
     def tb(line):
-        return (f'  File "/work/main/tests/prog.py", line {line}, in body\n'
+        return (f'  File "/repo/tests/prog.py", line {line}, in body\n'
                 '  File "/v/torch/distributed/distributed_c10d.py", line 3252, in all_reduce\n')
     errors = [err(r, GLOO_TIMEOUT, 10.0 + r) for r in range(4)]
     for e in errors:

@@ -81,7 +81,7 @@ def test_prepare_golden_names_the_layout_and_writes_the_reference(tmp_path):
     from harness.run.cell import prepare_golden
 
     stage = prepare_golden(C, tmp_path / "save")
-    assert stage["ok"] and "layout per-expert, 16 expert amax missing" in stage["summary"]
+    assert stage.ok and "layout per-expert, 16 expert amax missing" in stage.summary
     ref, disagree = load_reference(tmp_path / "save" / "reference")
     complete = read_checkpoint_tensors(GOLDEN_DIR / B / "ckpt")
     assert not disagree and set(ref) == set(complete)  # 79 stored + 16 re-derived = the full key set

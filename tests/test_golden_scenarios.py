@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.records import StageCause, StageResult
 from harness.run import cell as runner
 from harness.scenario.scenarios import ScenarioError, golden_layout, load_all, load_scenario
 
@@ -52,9 +53,9 @@ def test_bad_golden_scenarios_name_the_problem(tmp_path, body, words):
 
 
 def _stage(ok=True, verify=None, cause=None):
-    return {"stage": "load", "ok": ok, "wall_s": 1.0, "timed_out": False, "teardown_s": 0.1,
-            "leftovers": [], "cause": cause, "secondaries": [], "summary": "",
-            "rank_results": {"0": {"verify": verify or {}}}}
+    return StageResult(stage="load", ok=ok, wall_s=1.0, teardown_s=0.1,
+                       cause=StageCause(**cause) if cause else None,
+                       rank_results={"0": {"verify": verify or {}}})
 
 
 @pytest.mark.parametrize("stage, outcome", [

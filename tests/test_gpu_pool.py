@@ -6,7 +6,7 @@ import pytest
 
 from harness.launch.gpu_pool import (
     Assignment,
-    Cell,
+    CellDemand,
     estimate_wall,
     gpus_needed,
     plan_schedule,
@@ -17,16 +17,16 @@ from harness.launch.gpu_pool import (
 pytestmark = pytest.mark.cpu
 
 
-def mixed_cells() -> list[Cell]:
+def mixed_cells() -> list[CellDemand]:
     return [
-        Cell("save-tp1-etp2-ep1", 2),
-        Cell("reshard-tp4-etp1-ep8", 8),
-        Cell("save-tp2-etp1-ep2", 2),
-        Cell("shared-tp2-etp2-ep2", 4, "gpu-shared"),
-        Cell("mid-tp2-etp1-ep4", 4),
-        Cell("cpu-tp2-etp1-ep2", 2, "cpu"),
-        Cell("save-tp2-etp2-ep1", 2),
-        Cell("single", 1),
+        CellDemand("save-tp1-etp2-ep1", 2),
+        CellDemand("reshard-tp4-etp1-ep8", 8),
+        CellDemand("save-tp2-etp1-ep2", 2),
+        CellDemand("shared-tp2-etp2-ep2", 4, "gpu-shared"),
+        CellDemand("mid-tp2-etp1-ep4", 4),
+        CellDemand("cpu-tp2-etp1-ep2", 2, "cpu"),
+        CellDemand("save-tp2-etp2-ep1", 2),
+        CellDemand("single", 1),
     ]
 
 
@@ -65,7 +65,7 @@ def test_largest_first():
 
 
 def test_eight_gpu_node_runs_four_two_rank_cells_at_once():
-    cells = [Cell(f"pair{i}", 2) for i in range(8)]
+    cells = [CellDemand(f"pair{i}", 2) for i in range(8)]
     plan = plan_schedule(cells, 8)
     waves = sorted({a.wave for a in plan})
     assert waves == [0, 1]
@@ -76,7 +76,7 @@ def test_eight_gpu_node_runs_four_two_rank_cells_at_once():
 
 
 def test_gpu_cell_too_wide_falls_back_to_shared_with_reason():
-    plan = plan_schedule([Cell("wide", 8)], 2)
+    plan = plan_schedule([CellDemand("wide", 8)], 2)
     (a,) = plan
     assert not a.skipped
     assert a.tier == "gpu-shared"
@@ -85,13 +85,13 @@ def test_gpu_cell_too_wide_falls_back_to_shared_with_reason():
 
 
 def test_gpu_cell_too_wide_skipped_with_reason():
-    (a,) = plan_schedule([Cell("wide", 8)], 2, on_too_big="skip")
+    (a,) = plan_schedule([CellDemand("wide", 8)], 2, on_too_big="skip")
     assert a.skipped and a.gpus == ()
     assert a.reason == "needs 8 GPUs for tier gpu, 2 visible"
 
 
 def test_one_gpu_node():
-    plan = plan_schedule([Cell("two", 2), Cell("one", 1), Cell("sh", 4, "gpu-shared")], 1)
+    plan = plan_schedule([CellDemand("two", 2), CellDemand("one", 1), CellDemand("sh", 4, "gpu-shared")], 1)
     by_id = {a.cell_id: a for a in plan}
     assert by_id["one"].tier == "gpu" and by_id["one"].gpus == ("0",)
     assert by_id["two"].tier == "gpu-shared"
@@ -102,7 +102,7 @@ def test_one_gpu_node():
 
 
 def test_no_gpus_skips_gpu_tiers_keeps_cpu():
-    plan = plan_schedule([Cell("g", 2), Cell("s", 2, "gpu-shared"), Cell("c", 2, "cpu")], 0)
+    plan = plan_schedule([CellDemand("g", 2), CellDemand("s", 2, "gpu-shared"), CellDemand("c", 2, "cpu")], 0)
     by_id = {a.cell_id: a for a in plan}
     assert by_id["g"].skipped and by_id["g"].reason == "needs 2 GPUs for tier gpu, 0 visible"
     assert by_id["s"].skipped and by_id["s"].reason == "needs 1 GPU for tier gpu-shared, 0 visible"
@@ -110,7 +110,7 @@ def test_no_gpus_skips_gpu_tiers_keeps_cpu():
 
 
 def test_real_device_ids_are_handed_out():
-    plan = plan_schedule([Cell("a", 2), Cell("b", 2)], "4,5,6,7")
+    plan = plan_schedule([CellDemand("a", 2), CellDemand("b", 2)], "4,5,6,7")
     assert sorted(a.cuda_visible_devices for a in plan) == ["4,5", "6,7"]
 
 
@@ -125,7 +125,7 @@ def test_visible_gpus_parsing():
 
 def test_unknown_tier_rejected():
     with pytest.raises(ValueError, match="unknown tier"):
-        Cell("x", 2, "tpu")
+        CellDemand("x", 2, "tpu")
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """Logits criterion with MoE routing flips (harness/rank/logits.py), cpu tier, no model needed.
 
 Expectations: the rule in logits.py's docstring, and the recorded H200 run in which one of 32
-probe tokens changed experts (docs/runs/20261202-151428-routing.results.json).
+probe tokens changed experts (tests/data/runs/20261202-151428-routing.results.json).
 """
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.rank.logits import compare_probe, judge_logits, same_routing_tokens
+from harness.check.logits import judge_logits
+from harness.rank.logits import logits_figures, same_routing_tokens
 
 B, S, V, E = 2, 16, 8, 4
-RUNS = Path(__file__).resolve().parent.parent / "docs" / "runs"
+RUNS = Path(__file__).resolve().parent / "data" / "runs"
 
 
 def _routing(flip_rows=()):
@@ -37,6 +38,12 @@ def ref(tmp_path):
     return tmp_path, logits
 
 
+def _judged(logits, d):
+    """Measured as on a rank, judged as in the controller."""
+    out = logits_figures(logits, d)
+    return {**out, **judge_logits(out, "gpu-shared")}
+
+
 @pytest.mark.cpu
 def test_router_rows_are_seq_major(ref):
     same = same_routing_tokens(_routing([3 * B + 1]), _routing(), (B, S))
@@ -49,7 +56,7 @@ def test_one_flipped_token_is_reported_not_failed(ref):
     _write(d, logits, _routing())
     got = logits.clone()
     got[1, 3] += 0.5  # the flipped token's logits move a lot
-    out = compare_probe({"plain": got, "routing": _routing([3 * B + 1])}, d, "gpu-shared")
+    out = _judged({"plain": got, "routing": _routing([3 * B + 1])}, d)
     assert out["routing_flips"] == 1 and out["logits_plain"]["rel_diff"] > 0.3
     assert out["logits_rel_diff"] == 0.0 and out["logits_ok"]
 
@@ -58,7 +65,7 @@ def test_one_flipped_token_is_reported_not_failed(ref):
 def test_too_many_flips_fail(ref):
     d, logits = ref
     _write(d, logits, _routing())
-    out = compare_probe({"plain": logits, "routing": _routing(range(5))}, d, "gpu-shared")
+    out = _judged({"plain": logits, "routing": _routing(range(5))}, d)
     assert out["routing_flips"] == 5 > out["routing_flips_allowed"] == 4 and not out["logits_ok"]
 
 
@@ -66,7 +73,7 @@ def test_too_many_flips_fail(ref):
 def test_same_routing_but_different_logits_fail(ref):
     d, logits = ref
     _write(d, logits, _routing())
-    out = compare_probe({"plain": logits * 1.2, "routing": _routing()}, d, "gpu-shared")
+    out = _judged({"plain": logits * 1.2, "routing": _routing()}, d)
     assert out["routing_flips"] == 0 and not out["logits_ok"]
 
 
@@ -76,7 +83,7 @@ def test_references_without_routing_judge_the_whole_batch(ref):
     _write(d, logits, None)
     got = logits.clone()
     got[1, 3] += 0.5
-    out = compare_probe({"plain": got, "routing": _routing()}, d, "gpu-shared")
+    out = _judged({"plain": got, "routing": _routing()}, d)
     assert "routing_flips" not in out and not out["logits_ok"]
 
 

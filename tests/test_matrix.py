@@ -60,8 +60,8 @@ def test_pytest_summary_parsing():
 
 
 def test_render_table_one_row_per_version():
-    rows = {"0.46.1": {"import": M.Cell({"pass": 1}, ["cpu"])},
-            "0.47.0": {"import": M.Cell(note="no env: timed out")}}
+    rows = {"0.46.1": {"import": M.TableEntry({"pass": 1}, ["cpu"])},
+            "0.47.0": {"import": M.TableEntry(note="no env: timed out")}}
     lines = M.render_table(rows).splitlines()
     assert lines[0] == ("| modelopt | import | witness | second-bug | fix | goldens | cpu-reshard "
                         "| oracle |")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.topology import oracle
-from harness.check.compare import is_expert_amax
+from harness.check.keys import is_expert_weight_amax
 from harness.run.cells import run_probe
 from harness.topology.coords import rank_coords
 from harness.topology.topology import Topology
@@ -83,7 +83,7 @@ def test_recorded_expert_amax_replica_ids_follow_the_rule(path):
     """Every per-expert amax replica_id the real code emitted equals the oracle's rule."""
     doc = _load(path)
     coords = rank_coords(Topology.parse(doc["topology"]))
-    entries = [e for e in doc["entries"] if is_expert_amax(e["key"])]
+    entries = [e for e in doc["entries"] if is_expert_weight_amax(e["key"])]
     assert entries
     for e in entries:
         assert tuple(e["replica_id"]) == oracle.replica_id(coords[e["rank"]], _rule(doc)), e

@@ -1,4 +1,4 @@
-"""Quarantine verdict (harness/report/verdict.py) on the committed H200 evidence in docs/runs/ and on
+"""Quarantine verdict (harness/report/verdict.py) on the committed H200 evidence in tests/data/runs/ and on
 small hand-made results: BLOCKED, SAFE WITH PATCH, INCOMPLETE, SAFE, and the exit code."""
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness import cli
 from harness.report import verdict
 from harness.scenario.machine import tier_skip_reason
 
 pytestmark = pytest.mark.cpu
 
-RUNS = Path(__file__).resolve().parent.parent / "docs" / "runs"
+RUNS = Path(__file__).resolve().parent / "data" / "runs"
 WITNESS = RUNS / "20261202-122731-witness.results.json"
 FIX1 = RUNS / "20261202-122357-fix1.results.json"
 NANO, ULTRA = "nano-30b-a3b-qad", "ultra-550b-a55b-nvfp4-ptq"
@@ -70,7 +71,7 @@ def test_fix_run_patch_where_cells_exist_incomplete_elsewhere():
 
 
 def test_main_on_committed_evidence_exit_zero(capsys):
-    rc = verdict.main(SimpleNamespace(results=[str(WITNESS), str(FIX1)], results_root="unused"))
+    rc = verdict.main(verdict.read_docs([WITNESS, FIX1]))
     out = capsys.readouterr().out
     assert rc == 0
     assert "modelopt 0.47.0" in out and "all 2 runs together" in out
@@ -102,7 +103,7 @@ def test_unexpected_failure_exits_nonzero(tmp_path, capsys):
                      exception_type="AssertionError", message="3 per-expert amax differ")]
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_doc(recs)))
-    rc = verdict.main(SimpleNamespace(results=[str(path)], results_root=str(tmp_path)))
+    rc = verdict.main(verdict.read_docs([path]))
     out = capsys.readouterr().out
     assert rc == 1
     assert f"{NANO}: UNEXPECTED FAILURE" in out and "3 per-expert amax differ" in out
@@ -117,7 +118,7 @@ def test_unexpected_failure_outside_evidence_does_not_fail(tmp_path):
 
 @pytest.mark.skipif(tier_skip_reason("gpu-shared", 8) is None, reason="a GPU is here: cells would run")
 def test_no_gpu_runs_cells_and_says_no_evidence(tmp_path, capsys):
-    rc = verdict.main(SimpleNamespace(results=[], results_root=str(tmp_path)))
+    rc = cli.cmd_verdict(SimpleNamespace(results=[], results_root=str(tmp_path)))
     out = capsys.readouterr().out
     assert rc == 0
     assert out.count("NO EVIDENCE - on this machine (tier gpu-shared needs a GPU)") == 2

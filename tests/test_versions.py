@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from harness.check import versions as V
-from harness.run.cell import _judge_under_version, new_record, version_skip_reason
+from harness.check.judge import under_version, version_skip_reason
+from harness.records import StageResult
+from harness.run.cell import new_record
 from harness.scenario.scenarios import load_all
 
 pytestmark = pytest.mark.cpu
@@ -87,14 +89,18 @@ def test_patched_cells_expect_pass_whatever_the_version():
     assert {cell.expected_under(V.behaviour_for(v)) for v in ("0.47.0", "0.48.0rc1")} == {"pass"}
 
 
+def _ran(modelopt: str) -> StageResult:
+    return StageResult(stage="save", ok=True, wall_s=1.0, environment={"nvidia-modelopt": modelopt})
+
+
 def test_the_ranks_version_decides_the_expectation():
     """Judged by the nvidia-modelopt the stage's ranks imported, not the controller's."""
     cell = _cell("gpu-witness", WITNESS_SAVE)
     rec = new_record(cell)
-    _judge_under_version(rec, cell, {"environment": {"nvidia-modelopt": "0.48.0rc1"}})
+    under_version(rec, cell, _ran("0.48.0rc1"))
     assert (rec.modelopt, rec.expectations, rec.expected, rec.notice) == (
         "0.48.0rc1", "0.48.0rc1", "pass", None)
-    _judge_under_version(rec, cell, {"environment": {"nvidia-modelopt": "0.49.0"}})
+    under_version(rec, cell, _ran("0.49.0"))
     assert rec.expected == "fail-save" and "0.49.0" in rec.notice
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from harness.check.keys import is_expert_weight_amax
+
 
 def _sharded_tensors(sharded_sd):
     from megatron.core.dist_checkpointing.dict_utils import nested_values
@@ -118,10 +120,6 @@ def _amax_state(got: torch.Tensor, want: torch.Tensor) -> str:
     return "differs"
 
 
-def is_expert_amax(key: str) -> bool:
-    return ".experts." in key and "weight_quantizer" in key and key.endswith("amax")
-
-
 def compare(sharded_sd, reference: dict[str, torch.Tensor]) -> Comparison:
     out = Comparison()
     for sh in _sharded_tensors(sharded_sd):
@@ -132,7 +130,7 @@ def compare(sharded_sd, reference: dict[str, torch.Tensor]) -> Comparison:
             continue
         got, want = _local_view(sh), ref[_slices(sh)]
         out.keys_compared += 1
-        if is_expert_amax(sh.key):
+        if is_expert_weight_amax(sh.key):
             out.expert_amax_compared += 1
             state = _amax_state(got, want)
             prev = out.expert_amax.get(sh.key, "restored")
@@ -173,14 +171,14 @@ def merge(per_rank: list[Comparison], reference: dict[str, torch.Tensor]) -> dic
 def expert_amax_state(per_rank: list[Comparison], reference, missing: list[str]) -> dict:
     """Per saved expert amax key, what the loaded model holds (worst over its holders): counts
     per AMAX_STATES entry and up to 8 example keys of each state but ``restored``."""
-    worst: dict[str, str] = {k: "absent" for k in missing if is_expert_amax(k)}
+    worst: dict[str, str] = {k: "absent" for k in missing if is_expert_weight_amax(k)}
     for c in per_rank:
         for k, state in c.expert_amax.items():
             worst[k] = min(state, worst.get(k, "restored"), key=AMAX_STATES.index)
     counts = {state: sum(v == state for v in worst.values()) for state in AMAX_STATES}
     examples = {state: sorted(k for k, v in worst.items() if v == state)[:8]
                 for state in AMAX_STATES if state != "restored" and counts[state]}
-    return {"saved": sum(is_expert_amax(k) for k in reference), **counts, "examples": examples}
+    return {"saved": sum(is_expert_weight_amax(k) for k in reference), **counts, "examples": examples}
 
 
 def restore_from_reference(sharded_sd, reference: dict[str, torch.Tensor]) -> int:

@@ -17,14 +17,13 @@ load stage compares every rank's post-``load_state_dict`` state against it.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.*\.experts\.experts)\.(?P<expert>\d+)\.(?P<linear>[^.]+)\.weight$")
-AMAX_SUFFIX = "_quantizer._amax"  # "<...>.weight" + this = the weight quantizer's amax key
+from harness.check.keys import EXPERT_WEIGHT, WEIGHT_AMAX_SUFFIX, shared_weight_amax_key, weight_amax_key
+
 
 
 @dataclass
@@ -63,15 +62,15 @@ def expected_state(stored: dict[str, torch.Tensor], runtime_layout: str = "per-e
     if runtime_layout == "shared":
         return Expectation(tensors=dict(stored))
     exp = Expectation(tensors={})
-    amax_dtypes = {v.dtype for k, v in stored.items() if k.endswith("weight_quantizer._amax")}
+    amax_dtypes = {v.dtype for k, v in stored.items() if k.endswith(WEIGHT_AMAX_SUFFIX)}
     amax_dtype = amax_dtypes.pop() if len(amax_dtypes) == 1 else torch.bfloat16
     for key, value in stored.items():
         m = EXPERT_WEIGHT.match(key)
-        amax_key = key + AMAX_SUFFIX if m else None
+        amax_key = weight_amax_key(key) if m else None
         if m is None or amax_key in stored:
             continue
-        linear = f"{m['prefix']}.{m['linear']}"
-        legacy = f"{linear}.weight_quantizer._amax"
+        legacy = shared_weight_amax_key(m)
+        linear = legacy[: -len("." + WEIGHT_AMAX_SUFFIX)]
         if legacy in stored:
             exp.tensors[amax_key] = stored[legacy].clone()
             exp.from_legacy.setdefault(linear, []).append(int(m["expert"]))

@@ -110,9 +110,12 @@ def behaviour_for(version: str | None) -> Behaviour:
 
 
 def installed_modelopt() -> str | None:
-    from harness.scenario.machine import version
+    import importlib.metadata as md
 
-    return version("nvidia-modelopt")
+    try:
+        return md.version("nvidia-modelopt")
+    except md.PackageNotFoundError:
+        return None
 
 
 @functools.lru_cache(maxsize=None)

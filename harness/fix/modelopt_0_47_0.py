@@ -1,7 +1,7 @@
 """The fix itself, for nvidia-modelopt 0.47.0 + megatron-core (TEGroupedMLP, per-expert quantizers).
 
 Three changes, each the smallest wrapper around the 0.47.0 method that has the defect (root
-cause: /work/shared/findings.md; same change as a source diff:
+cause: docs/findings.md in this repository; same change as a source diff:
 patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff):
 
 a. ``_QuantMegatronTEGroupedLinear.sharded_state_dict`` built the per-expert

@@ -19,24 +19,14 @@ file), which needs no process group and no tensor data, so it is quick on any ma
 """
 from __future__ import annotations
 
-import re
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# Megatron prefixes; TEGroupedMLP with singleton_local_shards adds a second "experts.".
-_LAYER = r"(?:.*\.)?layers\.(?P<layer>\d+)\.mlp\.experts\."
-PER_EXPERT = re.compile(
-    _LAYER + r"(?:experts|local_experts)\.(?P<expert>\d+)\.(?P<linear>linear_fc\d)\.weight_quantizer\._amax$"
-)
-SHARED = re.compile(_LAYER + r"(?:experts\.)?(?P<linear>linear_fc\d)\.weight_quantizer\._amax$")
-EXPERT_INPUT_AMAX = re.compile(_LAYER + r"(?:experts\.)?(?:\d+\.)?linear_fc\d\.input_quantizer\._amax$")
-EXPERT_WEIGHT = re.compile(
-    _LAYER + r"(?:experts|local_experts)\.(?P<expert>\d+)\.linear_fc\d\.weight$"
-)
-ROUTER = re.compile(r"(?:.*\.)?layers\.(?P<layer>\d+)\.mlp\.router\.weight$")
-ANY_LAYER = re.compile(r"(?:.*\.)?layers\.(?P<layer>\d+)\.")
+from harness.check.keys import ANY_LAYER, EXPERT_INPUT_AMAX, EXPERT_WEIGHT, ROUTER_WEIGHT
+from harness.check.keys import PER_EXPERT_WEIGHT_AMAX as PER_EXPERT
+from harness.check.keys import SHARED_WEIGHT_AMAX as SHARED
 
 
 class NotACheckpoint(Exception):
@@ -138,7 +128,7 @@ def classify(tensors: dict[str, tuple[str, tuple[int, ...]]], path: str = "", ba
             experts_seen.add(int(m["expert"]))
             lin = key.rsplit(".", 2)[-2]
             grouped.add((int(m["layer"]), lin))
-        if (m := ROUTER.match(key)) and shape:
+        if (m := ROUTER_WEIGHT.match(key)) and shape:
             routers[int(m["layer"])] = int(shape[0])
     num_experts = max(routers.values()) if routers else (max(experts_seen) + 1 if experts_seen else None)
     grouped |= set(per_expert)

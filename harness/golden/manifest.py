@@ -14,18 +14,16 @@ Layout of manifest.json (see tests/golden/manifest.schema.json):
      "size": {ModelSize fields} (optional: the model a load stage must build),
      "files": {"ckpt/<relative path>": "<sha256 hex>", ...}}
 
-``python -m harness.golden.manifest make <dir> --topology T [--validate-sharding false]`` saves the harness
+``python -m harness golden make <dir> --topology T [--validate-sharding false]`` saves the harness
 model and writes the manifest (GPU host; tools/gpu-host/make-golden.sh); ``write`` pins an
 existing ``<dir>/ckpt``; ``verify <dir>`` checks it.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -152,76 +150,6 @@ def copy_to_temp(golden_dir: Path | str, into: Path | str | None = None) -> Path
     return dst
 
 
-def make(out: Path | str, *, topology: str, validate_sharding: bool, tier: str = "gpu-shared",
-         timeout_s: float = 900, notes: str = "") -> Path:
-    """Save stage of the harness model at ``topology`` into ``out/ckpt``, then write the manifest.
-
-    GPU host only (tier gpu-shared: TE TEGroupedMLP). The model, seed and calibration are the
-    harness defaults (harness.model.gpt / harness.model.quant), so a rerun with the same stack gives the
-    same tensors. ``validate_sharding=False`` saves where megatron-core's validation would refuse
-    (TP != ETP): the checkpoint then lacks or duplicates some experts' amax (case c).
-    """
-    from harness.launch.torchrun import run_stage
-    from harness.model.gpt import GOLDEN_SIZE
-    from harness.rank.spec import StageSpec
-    from harness.topology.topology import Topology
-
-    d = Path(out).resolve()
-    if (d / "ckpt").exists():
-        raise GoldenError(f"{d}/ckpt exists: golden checkpoints are written once")
-    topo = Topology.parse(topology)
-    size = GOLDEN_SIZE.as_dict()
-    spec = StageSpec(stage="save", topology=topo.id, tier=tier,
-                     backend="local" if tier == "cpu" else "te", size=size,
-                     ckpt_dir=str(d / "ckpt"), reference_dir=str(d / ".work" / "reference"),
-                     validate_sharding=validate_sharding)
-    spec_path = spec.write(d / ".work" / "spec.json")
-    run = run_stage("save", d / ".work", topo.world_size, [str(spec_path)], timeout_s=timeout_s)
-    if not run.ok:
-        raise GoldenError(f"save stage failed: {run.summary()}")
-    cmd = (f"python -m harness.golden.manifest make {d.name} --topology {topo.id} "
-           f"--validate-sharding {str(validate_sharding).lower()} --tier {tier}")
-    return write_manifest(d, topology=topo.id, made_by=cmd, notes=notes, size=size)
-
-
 def discover(root: Path | str) -> list[Path]:
     """Golden directories under ``root`` (those holding a manifest.json)."""
     return sorted(p.parent for p in Path(root).glob("*/manifest.json"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.golden.manifest", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    w = sub.add_parser("write")
-    w.add_argument("dir")
-    w.add_argument("--topology", required=True)
-    w.add_argument("--made-by", required=True)
-    w.add_argument("--layout", default="")
-    w.add_argument("--notes", default="")
-    v = sub.add_parser("verify")
-    v.add_argument("dir")
-    mk = sub.add_parser("make", help="GPU host: save stage + manifest (not run on CPU)")
-    mk.add_argument("dir")
-    mk.add_argument("--topology", required=True)
-    mk.add_argument("--validate-sharding", choices=("true", "false"), default="true")
-    mk.add_argument("--tier", default="gpu-shared", choices=("gpu-shared", "gpu", "cpu"))
-    mk.add_argument("--notes", default="")
-    a = p.parse_args(argv)
-    try:
-        if a.cmd == "make":
-            print(make(a.dir, topology=a.topology, validate_sharding=a.validate_sharding == "true",
-                       tier=a.tier, notes=a.notes))
-        elif a.cmd == "write":
-            print(write_manifest(a.dir, topology=a.topology, made_by=a.made_by, layout=a.layout,
-                                 notes=a.notes))
-        else:
-            doc = verify_manifest(a.dir)
-            print(f"{a.dir}: {len(doc['files'])} files verified")
-    except GoldenError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

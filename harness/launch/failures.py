@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Texts that mean "a peer went away / the job is being torn down", not a cause of its own.
 SECONDARY_PATTERNS: list[tuple[str, re.Pattern]] = [

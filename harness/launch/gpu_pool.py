@@ -24,14 +24,15 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence, Union
 
-TIERS = ("cpu", "gpu-shared", "gpu")
+from harness.scenario.machine import TIERS
+
 
 Gpus = Union[int, Sequence[str], str]
 """A GPU count, a list of device ids, or a ``CUDA_VISIBLE_DEVICES``-style string."""
 
 
 @dataclass(frozen=True)
-class Cell:
+class CellDemand:
     """What the scheduler needs to know about one cell.
 
     ``shared_gpus`` is how many GPUs a ``gpu-shared`` cell asks for (at least one; more spreads
@@ -117,7 +118,7 @@ def _plural(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
-def _fit(cell: Cell, n_visible: int, on_too_big: str) -> tuple[str, int, str | None]:
+def _fit(cell: CellDemand, n_visible: int, on_too_big: str) -> tuple[str, int, str | None]:
     """(tier, GPUs, reason) for one cell, or tier "" when it cannot run here at all."""
     need = gpus_needed(cell.tier, cell.ranks, cell.shared_gpus)
     if need <= n_visible:
@@ -129,13 +130,13 @@ def _fit(cell: Cell, n_visible: int, on_too_big: str) -> tuple[str, int, str | N
     return "", 0, why
 
 
-def _order_key(cell: Cell, gpus: int) -> tuple:
+def _order_key(cell: CellDemand, gpus: int) -> tuple:
     """Largest first; then longest first; then id, so the plan is deterministic."""
     return (-gpus, -cell.ranks, -cell.seconds, cell.cell_id)
 
 
 def plan_schedule(
-    cells: Iterable[Cell], n_gpus: Gpus | None = None, *, on_too_big: str = "shared"
+    cells: Iterable[CellDemand], n_gpus: Gpus | None = None, *, on_too_big: str = "shared"
 ) -> list[Assignment]:
     """Place every cell on disjoint GPUs, largest first.
 
@@ -148,7 +149,7 @@ def plan_schedule(
     if on_too_big not in ("shared", "skip"):
         raise ValueError(f"on_too_big must be 'shared' or 'skip' (got {on_too_big!r})")
     devices = visible_gpus(n_gpus)
-    placed: list[tuple[Cell, str, int, str | None]] = []
+    placed: list[tuple[CellDemand, str, int, str | None]] = []
     skipped: list[Assignment] = []
     for cell in cells:
         tier, width, reason = _fit(cell, len(devices), on_too_big)
@@ -168,7 +169,7 @@ def _simulate(placed: list, devices: list[str]) -> list[Assignment]:
     free = list(range(len(devices)))  # indices into devices, kept sorted
     running: list[tuple[float, int, list[int]]] = []  # heap of (end time, seq, device indices)
     waiting = list(placed)
-    started: list[tuple[float, Cell, str, tuple[str, ...], str | None]] = []
+    started: list[tuple[float, CellDemand, str, tuple[str, ...], str | None]] = []
     now, seq = 0.0, 0
     while waiting:
         for item in list(waiting):
@@ -213,7 +214,7 @@ def estimate_wall(durations: Iterable[tuple[int, float]], n_gpus: int) -> float:
         if need <= 0:
             cpu_total += seconds
             continue
-        cells.append(Cell(f"job{i:05d}", max(1, min(int(need), n_gpus)), "gpu", seconds=max(seconds, 1e-9)))
+        cells.append(CellDemand(f"job{i:05d}", max(1, min(int(need), n_gpus)), "gpu", seconds=max(seconds, 1e-9)))
     plan = plan_schedule(cells, n_gpus)
     by_id = {c.cell_id: c.seconds for c in cells}
     gpu_wall = max((a.start + by_id[a.cell_id] for a in plan), default=0.0)

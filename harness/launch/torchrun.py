@@ -20,7 +20,9 @@ from pathlib import Path
 import psutil
 
 from harness.launch import failures as F
+from harness.jsonfile import read_json
 from harness.paths import REPO_ROOT
+from harness.records import StageCause, StageResult
 
 POLL_S = 0.05
 # Variables a parent torchrun/pytest-xdist might have set that would confuse the ranks.
@@ -43,6 +45,22 @@ class StageRun:
     leftovers: list[int]
     first_failure_at: float | None = None
     all_gone_at: float | None = None
+
+    def result(self) -> StageResult:
+        """The typed record the rest of the controller works with (and writes as stage.json)."""
+        c = self.cause
+        return StageResult(
+            stage=self.stage, ok=self.ok, wall_s=round(self.wall_s, 2), timed_out=self.timed_out,
+            teardown_s=self.teardown_s, leftovers=self.leftovers,
+            cause=None if c is None else StageCause(rank=c.rank, kind=c.kind, exc_type=c.exc_type,
+                                                    message=c.message, key=c.key),
+            secondaries=[f"rank {f.rank}: {f.exc_type or f.kind}: {f.first_line()}"
+                         for f in self.secondaries],
+            rank_results={str(k): v for k, v in self.rank_results.items()},
+            summary=self.summary(),
+            # versions the ranks imported (rank/setup.py record_environment); {} if none got there
+            environment=read_json(self.stage_dir / "environment.json", default={}),
+        )
 
     def summary(self) -> str:
         if self.ok:

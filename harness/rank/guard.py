@@ -9,7 +9,6 @@ elastic-style error file with the time of the exception, aborts the process grou
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -17,6 +16,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Callable, NoReturn
+
+from harness.jsonfile import write_json_atomic
 
 STACK_DUMP_LEAD_S = 5.0  # dump stacks this long before the controller's hard limit
 
@@ -46,17 +47,6 @@ def _rank() -> int:
 
 def _stage_dir() -> Path:
     return Path(os.environ.get("HARNESS_STAGE_DIR", "."))
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write tmp then rename, so the controller never reads half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _redirect_output(log: Path) -> None:

@@ -25,7 +25,7 @@ import torch
 
 
 
-def _validate(sharded_sd) -> str | None:
+def validation_error(sharded_sd) -> str | None:
     """Real megatron-core validation; the error text on rank 0, None when valid."""
     from megatron.core.dist_checkpointing.core import CheckpointingException
     from megatron.core.dist_checkpointing.validation import (
@@ -83,7 +83,7 @@ def probe_oracle(topologies: list[str], num_experts: int) -> dict:
             create_gloo_process_groups=False,  # the default group is gloo already
         )
         results[topo.id] = {
-            rule: _validate(expert_amax_entries(rule, num_experts // topo.ep))
+            rule: validation_error(expert_amax_entries(rule, num_experts // topo.ep))
             for rule in ("buggy", "fixed")
         }
         ps.destroy_model_parallel()
@@ -112,7 +112,7 @@ def probe_replay(recording: str) -> dict:
     rank = torch.distributed.get_rank()
     doc = json.loads(Path(recording).read_text())
     entries = [e for e in doc["entries"] if e["rank"] == rank]
-    return {"recording": recording, "error": _validate(sharded_tensors_from_record(entries))}
+    return {"recording": recording, "error": validation_error(sharded_tensors_from_record(entries))}
 
 
 def probe_save(topology: str, rule: str, num_experts: int, ckpt_dir: str) -> dict:

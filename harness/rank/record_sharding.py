@@ -2,7 +2,7 @@
 
 Recordings made on GPUs with the real TE ``TEGroupedMLP`` + ModelOpt code path are committed
 under tests/data/recorded/ and replayed on the cpu tier through megatron-core's real
-validation (harness/rank/probes.py), tying the CPU oracle to what the GPU code really emits.
+validation (harness/rank/probes.py, ``validation_error``), tying the CPU oracle to what the GPU code really emits.
 """
 from __future__ import annotations
 
@@ -32,13 +32,6 @@ def entries(sharded_sd, rank: int) -> list[dict]:
     return out
 
 
-def real_validation(sharded_sd) -> str | None:
-    """megatron-core's validate_sharding_integrity on this topology; rank 0's error text."""
-    from harness.rank.probes import _validate
-
-    return _validate(sharded_sd)
-
-
 def write_recording(path: Path, spec, gathered: list[list[dict]], validation: str | None) -> None:
     from harness.scenario.machine import versions
 
@@ -62,20 +55,21 @@ def write_recording(path: Path, spec, gathered: list[list[dict]], validation: st
     path.write_text(json.dumps(doc, indent=1))
 
 
-def dump_stage(spec) -> dict:
+def record_stage(spec) -> dict:
     """Stage body: quantize under ``spec.topology`` and record the metadata (no checkpoint)."""
     from harness.model.checkpoint import sharded_metadata
     from harness.model.quant import quantize_nvfp4
-    from harness.rank.stages import _Clock, _device, _prepare
+    from harness.rank.probes import validation_error
+    from harness.rank.setup import Clock, device, prepare_rank
 
-    clock = _Clock()
-    rank, model = _prepare(spec, clock)
-    quantize_nvfp4(model, spec.model_size, _device())
+    clock = Clock()
+    rank, model = prepare_rank(spec, clock)
+    quantize_nvfp4(model, spec.model_size, device())
     sd = model.sharded_state_dict(metadata=sharded_metadata(spec.singleton_local_shards))
     mine = entries(sd, rank)
     gathered = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, mine)
-    validation = real_validation(sd)
+    validation = validation_error(sd)
     if rank == 0:
         write_recording(Path(spec.output), spec, gathered, validation)
     clock.lap("dump")

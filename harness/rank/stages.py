@@ -5,8 +5,6 @@ guard, which records it as this rank's error and tears the rank down.
 """
 from __future__ import annotations
 
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -21,67 +19,8 @@ from harness.model.checkpoint import (
     save_checkpoint,
     sharded_metadata,
 )
+from harness.rank.setup import Clock, device, prepare_rank
 from harness.rank.spec import StageSpec
-
-
-class _Clock:
-    def __init__(self):
-        self.t, self.durations = time.perf_counter(), {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.durations[name] = round(now - self.t, 3)
-        self.t = now
-
-
-def _prepare(spec: StageSpec, clock: _Clock):
-    """Imports, patch, process groups, model: the part both stages share."""
-    if spec.tier == "cpu":
-        from harness.model.cpu_shims import apply_cpu_shims
-
-        apply_cpu_shims()
-    if spec.patch == "fix":
-        from harness.fix import apply
-
-        apply()
-    import megatron.core  # noqa: F401  (timed as imports)
-    import modelopt.torch.quantization  # noqa: F401
-
-    from harness.rank.setup import init_rank
-    from harness.model.gpt import build_gpt
-    from harness.rank.guard import pg_timeout_s
-
-    clock.lap("imports")
-    record_environment()
-    rank = init_rank(spec.topo, spec.tier, pg_timeout_s())
-    model = build_gpt(spec.topo, spec.model_size, spec.backend, spec.seed)
-    inject.point("after_build")
-    clock.lap("build")
-    return rank, model
-
-
-def record_environment() -> None:
-    """Rank 0 notes the package versions it imported, before anything can fail: the controller
-    judges the cell by the nvidia-modelopt that actually ran (harness/check/versions.py)."""
-    import os
-
-    if os.environ.get("RANK", "0") != "0" or not os.environ.get("HARNESS_STAGE_DIR"):
-        return
-    import megatron.core
-    import modelopt
-
-    from harness.rank.guard import write_json_atomic
-
-    te = sys.modules.get("transformer_engine")
-    write_json_atomic(Path(os.environ["HARNESS_STAGE_DIR"]) / "environment.json", {
-        "nvidia-modelopt": modelopt.__version__, "megatron-core": megatron.core.__version__,
-        "torch": torch.__version__, "transformer-engine": getattr(te, "__version__", None),
-        "modelopt_path": str(Path(modelopt.__file__).parent),
-    })
-
-
-def _device():
-    return torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
 
 
 def _runs_logits(spec: StageSpec, other_pp: int = 1) -> bool:
@@ -89,12 +28,12 @@ def _runs_logits(spec: StageSpec, other_pp: int = 1) -> bool:
 
 
 def save_stage(spec: StageSpec) -> dict:
-    from harness.rank.logits import probe_logits, save_probe
+    from harness.rank.logits import measure_logits, save_logits
     from harness.model.quant import quantize_nvfp4
 
-    clock = _Clock()
-    rank, model = _prepare(spec, clock)
-    quantize_nvfp4(model, spec.model_size, _device())
+    clock = Clock()
+    rank, model = prepare_rank(spec, clock)
+    quantize_nvfp4(model, spec.model_size, device())
     clock.lap("quantize")
     metadata = sharded_metadata(spec.singleton_local_shards)
     ref_dir = Path(spec.reference_dir)
@@ -102,9 +41,9 @@ def save_stage(spec: StageSpec) -> dict:
     if rank == 0:
         (ref_dir / "saved_topology.txt").write_text(spec.topology)
     if _runs_logits(spec):
-        logits = probe_logits(model, spec.model_size, spec.tier, _device())
+        logits = measure_logits(model, spec.model_size, spec.tier, device())
         if logits is not None:
-            save_probe(logits, ref_dir, "saved_model")
+            save_logits(logits, ref_dir, "saved_model")
     clock.lap("reference")
     inject.point("before_save")
     save_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.validate_sharding)
@@ -114,9 +53,9 @@ def save_stage(spec: StageSpec) -> dict:
         # They differ from the saved model's where its replicas disagreed (see verify figures).
         load_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.strict_load,
                         spec.validate_sharding)
-        logits = probe_logits(model, spec.model_size, spec.tier, _device())
+        logits = measure_logits(model, spec.model_size, spec.tier, device())
         if logits is not None:
-            save_probe(logits, ref_dir, "checkpoint")
+            save_logits(logits, ref_dir, "checkpoint")
         clock.lap("reference_reload")
     return {"durations": clock.durations, "reference_shards": shards}
 
@@ -133,12 +72,12 @@ def _reload_keeps_state(spec: StageSpec) -> bool:
 
 
 def load_stage(spec: StageSpec) -> dict:
-    from harness.rank.logits import compare_probe, probe_logits
+    from harness.rank.logits import logits_figures, measure_logits
 
     ckpt = Path(spec.ckpt_dir)
     require_checkpoint(ckpt)
-    clock = _Clock()
-    rank, model = _prepare(spec, clock)
+    clock = Clock()
+    rank, model = prepare_rank(spec, clock)
     restore_modelopt_state(model, ckpt)
     metadata = sharded_metadata(spec.singleton_local_shards)
     inject.point("before_load")
@@ -164,9 +103,9 @@ def load_stage(spec: StageSpec) -> dict:
     }
     saved_pp = _saved_pp(ref_dir)
     if _runs_logits(spec, saved_pp) and (ref_dir / "logits_checkpoint.pt").exists():
-        logits = probe_logits(model, spec.model_size, spec.tier, _device())
+        logits = measure_logits(model, spec.model_size, spec.tier, device())
         if logits is not None:
-            verify.update(compare_probe(logits, ref_dir, spec.tier))
+            verify.update(logits_figures(logits, ref_dir))
     elif not _runs_logits(spec, saved_pp):
         verify["logits_skipped"] = "pipeline parallel (pp > 1) on the save or load side"
     else:
@@ -184,12 +123,12 @@ def _state_logits_effect(model, spec: StageSpec, metadata, reference) -> dict | 
 
     Answers whether a checkpoint that loads with placeholder or wrong amax still computes the
     same thing (tiers with NVFP4 fake quantization only; every rank takes part)."""
-    from harness.rank.logits import probe_logits
+    from harness.rank.logits import measure_logits
 
-    loaded = probe_logits(model, spec.model_size, spec.tier, _device())
+    loaded = measure_logits(model, spec.model_size, spec.tier, device())
     written = compare.restore_from_reference(model.sharded_state_dict(metadata=metadata),
                                              reference)
-    restored = probe_logits(model, spec.model_size, spec.tier, _device())
+    restored = measure_logits(model, spec.model_size, spec.tier, device())
     if loaded is None or "nvfp4" not in loaded:
         return None
     got, want = loaded["nvfp4"], restored["nvfp4"]
@@ -211,10 +150,10 @@ def _saved_pp(ref_dir: Path) -> int:
     return Topology.parse((ref_dir / "saved_topology.txt").read_text()).pp
 
 
-def _dump_stage(spec: StageSpec) -> dict:
-    from harness.rank.record_sharding import dump_stage
+def _record_sharding_stage(spec: StageSpec) -> dict:
+    from harness.rank.record_sharding import record_stage
 
-    return dump_stage(spec)
+    return record_stage(spec)
 
 
-STAGES = {"save": save_stage, "load": load_stage, "dump-metadata": _dump_stage}
+STAGES = {"save": save_stage, "load": load_stage, "dump-metadata": _record_sharding_stage}

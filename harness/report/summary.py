@@ -8,14 +8,20 @@ works on any results.json without importing the controller.
 """
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from harness.paths import RESULTS_DIR
+from harness.records import UNEXPECTED_OUTCOMES
 
 Record = Mapping[str, Any]
 
 # The five categories of the grid, worst first (a grid square holding several records shows
 # the worst). Each: (outcomes mapped to it, label, short text drawn in the square, colour).
 CATEGORIES = (
-    (("unexpected-failure", "unexpected-pass"), "unexpected failure (or pass)", "FAIL", "#d62728"),
+    (UNEXPECTED_OUTCOMES, "unexpected failure (or pass)", "FAIL", "#d62728"),
     (("blocked",), "blocked", "BLOCK", "#7f7f7f"),
     (("bug-reproduced",), "bug reproduced as expected", "BUG", "#ff9f1c"),
     (("skipped",), "skipped", "SKIP", "#c7c7c7"),
@@ -213,3 +219,36 @@ def progress_line(done: int, total: int, failures: int, elapsed: float) -> str:
     )
     return f"[{done:>{width}}/{total} {pct:3d}%] {failures} failed, {_clock(elapsed)} elapsed, {left}"
 
+
+# ``python -m harness report [results.json]``: write summary.md and grid.png next to a results.json
+# (default: the newest ``<results-root>/*/results.json``) and print the Markdown.
+
+
+def newest_results(root: Path) -> Path | None:
+    found = sorted(root.glob("*/results.json"), key=lambda p: (p.stat().st_mtime, str(p)))
+    return found[-1] if found else None
+
+
+def write_report(results: Path, summary: Path | None = None, grid: Path | None = None) -> str:
+    """Write the summary and grid picture (default names beside ``results``); return the text."""
+    doc = json.loads(results.read_text())
+    text = markdown_summary(doc)
+    (summary or results.parent / "summary.md").write_text(text)
+    write_grid_png(doc, str(grid or results.parent / "grid.png"))
+    return text
+
+
+def main(args) -> int:
+    given = getattr(args, "results", None)
+    root = Path(getattr(args, "results_root", None) or RESULTS_DIR)
+    path = Path(given) if given else newest_results(root)
+    if path is None:
+        print(f"error: no {root}/*/results.json; run `python -m harness run` first "
+              "or name a results.json", file=sys.stderr)
+        return 2
+    if not path.is_file():
+        print(f"error: {path} does not exist", file=sys.stderr)
+        return 2
+    print(write_report(path))
+    print(f"wrote {path.parent / 'summary.md'} and {path.parent / 'grid.png'}", file=sys.stderr)
+    return 0

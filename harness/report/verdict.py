@@ -24,14 +24,13 @@ share a modelopt version, together), or, with none given, from running the cells
 from __future__ import annotations
 
 import json
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from harness.report.summary import cause
-from harness.paths import QUARANTINE_FILE, RESULTS_DIR
+from harness.paths import QUARANTINE_FILE
 from harness.scenario.scenarios import Cell, Scenario, load_all
 from harness.topology.topology import Topology
 
@@ -133,16 +132,15 @@ def rejudged(cell: Cell, rec: Mapping[str, Any] | None) -> tuple[Mapping[str, An
 
     Only a cell expected to pass that failed nothing but its logits check can change: its
     recorded figures (routing flips, identically routed tokens) are judged by
-    ``harness.rank.logits.judge_logits``; every other check is re-applied as recorded.
+    ``harness.check.judge.judged_verify``; every other check is re-applied as recorded.
     """
-    from harness.rank.logits import judge_logits
-    from harness.run.cell import _verify_problems
+    from harness.check.judge import judged_verify, verify_problems
 
     if (not rec or rec.get("outcome") != "unexpected-failure" or rec.get("failed_stage") != "verify"
             or expected_for(cell, rec) != "pass" or "logits_plain" not in (rec.get("verify") or {})):
         return rec, ""
-    verify = {**rec["verify"], **judge_logits(rec["verify"], rec["tier"])}
-    if _verify_problems(verify, cell.scenario.known_gaps):
+    verify = judged_verify(rec["verify"], rec["tier"])
+    if verify_problems(verify, cell.scenario.known_gaps):
         return rec, ""
     return {**rec, "outcome": "pass", "verify": verify}, (
         f"recorded as unexpected-failure (logits); re-judged pass under the current logits rule: "
@@ -220,7 +218,7 @@ def judge_doc(doc: Mapping[str, Any], **kw) -> list[Verdict]:
 
 def existing_checkpoints(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """What unpatched loads of the committed goldens gave: the checkpoints users already have."""
-    from harness.run.cell import held_after_load
+    from harness.check.judge import held_after_load
 
     lines = []
     for cid, rec in sorted(records.items()):
@@ -286,21 +284,20 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
     return "\n\n".join(out), every
 
 
-def main(args) -> int:
-    paths = [Path(p) for p in (getattr(args, "results", None) or [])]
-    if paths:
-        docs = [(str(p), json.loads(p.read_text())) for p in paths]
-    else:
-        from harness.run.cells import run_cells, select_cells
+def read_docs(paths: list[str | Path]) -> list[tuple[str, Mapping[str, Any]]]:
+    return [(str(p), json.loads(Path(p).read_text())) for p in paths]
 
-        q, scenarios = load_quarantine(), load_all()
-        by_name = {s.name: s for s in scenarios}
-        ids = [c.id for j in q.jobs for name in (q.witness, q.fix) for c in job_cells(j, by_name[name])]
-        cells = select_cells(scenarios, ids)
-        print(f"running {len(cells)} verdict cell(s) with the installed modelopt", file=sys.stderr)
-        doc = run_cells(cells, Path(getattr(args, "results_root", RESULTS_DIR)), label="verdict",
-                        out=sys.stderr)
-        docs = [("this machine, installed modelopt", doc)]
+
+def cells_to_run() -> list[Cell]:
+    """The witness and fix cells of every quarantined job: what a verdict needs run."""
+    q, scenarios = load_quarantine(), load_all()
+    by_name = {s.name: s for s in scenarios}
+    ids = {c.id for j in q.jobs for name in (q.witness, q.fix) for c in job_cells(j, by_name[name])}
+    return [c for s in scenarios for c in s.cells() if c.id in ids]  # scenario order, once each
+
+
+def main(docs: list[tuple[str, Mapping[str, Any]]]) -> int:
+    """Print the verdicts of ``docs`` (label, results.json); 1 when any job is UNEXPECTED."""
     text, verdicts = verdict_report(docs)
     print(text)
     return 1 if any(v.unexpected for v in verdicts) else 0

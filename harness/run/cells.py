@@ -9,8 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.scenario.machine import tier_skip_reason, versions
-from harness.run.results import CellRecord, collect, new_run_dir, write_record
-from harness.run.cell import _safe, new_record, run_cell
+from harness.paths import safe_name
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord
+from harness.run.cell import new_record, run_cell
+from harness.run.results import collect, new_run_dir, write_record
 
 
 def _skipped(cell, reason: str) -> CellRecord:
@@ -48,12 +50,12 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
         reason = tier_skip_reason(cell.scenario.tier, cell.world)
         if reason:
             rec = _skipped(cell, reason)
-            write_record(rec, run_dir / "cells" / _safe(cell.id) / "record.json")
+            write_record(rec, run_dir / "cells" / safe_name(cell.id) / "record.json")
         else:
             rec = run_cell(cell, run_dir)
         with lock:
             state["done"] += 1
-            state["failures"] += rec.outcome in ("unexpected-failure", "unexpected-pass")
+            state["failures"] += rec.outcome in UNEXPECTED_OUTCOMES
             print(progress_line(state["done"], len(cells), state["failures"],
                                 time.monotonic() - start) + f"  {cell.id}: {rec.outcome}",
                   file=out, flush=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.paths import REPO_ROOT
+from harness.records import UNEXPECTED_OUTCOMES
 
 COLUMNS = ("import", "witness", "second-bug", "fix", "goldens", "cpu-reshard", "oracle")
 SCENARIO_COLUMN = {"gpu-witness": "witness", "gpu-fix": "fix", "gpu-golden-witness": "goldens",
@@ -67,7 +68,7 @@ TIMEOUTS = {"env": 900, "import": 300, "run": 900, "oracle": 600}
 
 
 @dataclass
-class Cell:
+class TableEntry:
     """One table cell: outcome counts and the tier(s) they came from."""
 
     counts: dict[str, int] = field(default_factory=dict)
@@ -120,14 +121,14 @@ def _holds_several_experts(record: dict) -> bool:
     return bool(size) and size.num_experts // Topology.parse(record["load_topology"]).ep > 1
 
 
-def cells_from_results(doc: dict) -> dict[str, Cell]:
-    """results.json of one ``harness run`` -> a Cell per column (skip reasons kept short)."""
-    out: dict[str, Cell] = {}
+def cells_from_results(doc: dict) -> dict[str, TableEntry]:
+    """results.json of one ``harness run`` -> a TableEntry per column (skip reasons kept short)."""
+    out: dict[str, TableEntry] = {}
     reasons: dict[str, Counter] = {}
     lost: dict[str, list[str]] = {}
     for c in doc.get("cells", []):
         col = column_of(c)
-        cell = out.setdefault(col, Cell())
+        cell = out.setdefault(col, TableEntry())
         cell.counts[c["outcome"]] = cell.counts.get(c["outcome"], 0) + 1
         if c["tier"] not in cell.tiers:
             cell.tiers.append(c["tier"])
@@ -146,7 +147,7 @@ def cells_from_results(doc: dict) -> dict[str, Cell]:
 def _held(record: dict) -> str:
     """One line: the load's refusal (exception, key) or what the model holds after it."""
     from harness.launch.failures import failing_key
-    from harness.run.cell import held_after_load
+    from harness.check.judge import held_after_load
 
     if record.get("verify"):
         return held_after_load(record["verify"])
@@ -173,21 +174,21 @@ def goldens_table(rows: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def cell_from_pytest(rc: int | None, output: str) -> Cell:
-    """A pytest summary line ("2 passed, 1 skipped in 9s") -> a Cell on tier cpu."""
+def cell_from_pytest(rc: int | None, output: str) -> TableEntry:
+    """A pytest summary line ("2 passed, 1 skipped in 9s") -> a TableEntry on tier cpu."""
     counts = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (passed|failed|skipped|error|errors)\b", output)}
     if not counts:
-        return Cell(note=f"pytest gave no summary (exit {rc})")
-    return Cell(counts, ["cpu"], "megatron-core only, modelopt not exercised")
+        return TableEntry(note=f"pytest gave no summary (exit {rc})")
+    return TableEntry(counts, ["cpu"], "megatron-core only, modelopt not exercised")
 
 
-def render_table(rows: dict[str, dict[str, Cell]], columns=COLUMNS) -> str:
+def render_table(rows: dict[str, dict[str, TableEntry]], columns=COLUMNS) -> str:
     """Markdown table, version x scenario -> outcome counts [tier]."""
     head = "| modelopt | " + " | ".join(columns) + " |"
     sep = "| --- |" + " --- |" * len(columns)
     lines = [head, sep]
     for v, cells in rows.items():
-        lines.append(f"| {v} | " + " | ".join(cells.get(c, Cell()).text() for c in columns) + " |")
+        lines.append(f"| {v} | " + " | ".join(cells.get(c, TableEntry()).text() for c in columns) + " |")
     return "\n".join(lines)
 
 
@@ -219,22 +220,22 @@ def _env_name(v: str) -> str:
     return re.sub(r"[^0-9A-Za-z._+-]+", "_", Path(v).name if v.endswith(".whl") else v)
 
 
-def run_version(v: str, root: Path) -> tuple[dict[str, Cell], list[dict]]:
+def run_version(v: str, root: Path) -> tuple[dict[str, TableEntry], list[dict]]:
     """Environment, import probe, scenario run and oracle probe for one ModelOpt version;
     returns the table cells and the run's cell records."""
     logs = root / _env_name(v)
     rc, out = _run(["bash", "tools/matrix-env.sh", v], TIMEOUTS["env"], logs / "env.log")
     if rc != 0:
         why = "timed out" if rc is None else _last_line(out)
-        return {"import": Cell(note=f"no env: {why}")}, []
+        return {"import": TableEntry(note=f"no env: {why}")}, []
     py = out.strip().splitlines()[-1]
-    cells: dict[str, Cell] = {}
+    cells: dict[str, TableEntry] = {}
     rc, out = _run([py, "-c", IMPORT_PROBE], TIMEOUTS["import"], logs / "import.log")
     if rc != 0:
         why = "timed out" if rc is None else _last_line(out)
-        cells["import"] = Cell({"fail": 1}, ["cpu"], why)
+        cells["import"] = TableEntry({"fail": 1}, ["cpu"], why)
         return cells, []  # nothing else can run in this env
-    cells["import"] = Cell({"pass": 1}, ["cpu"], _last_line(out).replace("modelopt ", "", 1))
+    cells["import"] = TableEntry({"pass": 1}, ["cpu"], _last_line(out).replace("modelopt ", "", 1))
     cmd = [py, "-m", "harness", "--results-root", str(logs / "results"), "run", "--label",
            f"matrix-{_env_name(v)}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
     for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in MATRIX_CELLS):
@@ -249,15 +250,15 @@ def run_version(v: str, root: Path) -> tuple[dict[str, Cell], list[dict]]:
         cells.update(cells_from_results({"cells": records}))
     else:
         why = "timed out" if rc is None else f"exit {rc}: {_last_line(out)}"
-        cells.update({c: Cell(note=f"no results ({why})") for c in COLUMNS[1:-1]})
+        cells.update({c: TableEntry(note=f"no results ({why})") for c in COLUMNS[1:-1]})
     rc, out = _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                     "tests/test_oracle_vs_megatron.py", "-k", "real_validation and 2"],
                    TIMEOUTS["oracle"], logs / "oracle.log")
-    cells["oracle"] = cell_from_pytest(rc, out) if rc is not None else Cell(note="timed out")
+    cells["oracle"] = cell_from_pytest(rc, out) if rc is not None else TableEntry(note="timed out")
     return cells, records
 
 
-def from_files(dirs: list[str]) -> dict[str, tuple[dict[str, Cell], list[dict]]]:
+def from_files(dirs: list[str]) -> dict[str, tuple[dict[str, TableEntry], list[dict]]]:
     """Rows of earlier matrix runs (their matrix.json), later files winning per version: a
     matrix spread over several GPU sessions renders as one table."""
     done: dict = {}
@@ -266,7 +267,7 @@ def from_files(dirs: list[str]) -> dict[str, tuple[dict[str, Cell], list[dict]]]
         try:
             doc = json.loads(path.read_text())
             for v, row in doc.items():
-                done[v] = ({c: Cell(**cell) for c, cell in row["columns"].items()}, row["cells"])
+                done[v] = ({c: TableEntry(**cell) for c, cell in row["columns"].items()}, row["cells"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"--from {path}: not a matrix.json of `harness matrix` ({exc})") from None
     return done
@@ -301,6 +302,5 @@ def main(args) -> int:
     print(f"\n[tier] = where the cell ran; gpu tiers are skipped without a GPU. "
           f"{time.time() - t0:.0f} s; {root}/matrix.md")
     bad = any(n for cells in rows.values() for c in cells.values()
-              for o, n in c.counts.items() if o in ("fail", "failed", "error", "errors",
-                                                     "unexpected-failure", "unexpected-pass"))
+              for o, n in c.counts.items() if o in ("fail", "failed", "error", "errors", *UNEXPECTED_OUTCOMES))
     return 1 if bad else 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from harness.records import UNEXPECTED_OUTCOMES
 from harness.scenario.machine import tier_skip_reason, versions
 from harness.topology.topology import Topology
 
@@ -101,5 +102,5 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
         if not ok:
             return 1
     print(f"\nrepro finished in {time.monotonic() - start:.0f} s")
-    bad = [c for c in doc["cells"] if c["outcome"] in ("unexpected-failure", "unexpected-pass")]
+    bad = [c for c in doc["cells"] if c["outcome"] in UNEXPECTED_OUTCOMES]
     return 1 if bad else 0

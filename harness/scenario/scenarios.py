@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.topology import oracle

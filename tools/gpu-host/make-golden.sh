@@ -22,11 +22,11 @@ make_one() {  # name topology validate [pythonpath-prefix]
   local name=$1 topo=$2 validate=$3 pre=${4:-}
   rm -rf "$G/$name"
   echo "=== golden $name ($(date +%T))"
-  PYTHONPATH="$pre${pre:+:}$PWD:$PYTHONPATH" timeout 900 python3 -m harness.golden.manifest make "$G/$name" \
+  PYTHONPATH="$pre${pre:+:}$PWD:$PYTHONPATH" timeout 900 python3 -m harness golden make "$G/$name" \
     --topology "$topo" --validate-sharding "$validate" --notes "made by tools/gpu-host/make-golden.sh" \
     || { echo "golden $name FAILED"; tar czf "$OUT/golden-$name-failed.tgz" -C "$G" "$name"; return 1; }
   rm -rf "$G/$name/.work"                       # the reference and logs are not golden
-  python3 -m harness.golden.manifest verify "$G/$name"
+  python3 -m harness golden verify "$G/$name"
   PYTHONPATH="$pre${pre:+:}$PWD:$PYTHONPATH" python3 -m harness inspect "$G/$name/ckpt" || true
   tar czf "$OUT/golden-$name.tgz" -C "$G" "$name"
 }

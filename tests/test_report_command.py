@@ -10,18 +10,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.report import cli as report_cli
+from harness.report import summary as report_summary
 
 pytestmark = pytest.mark.cpu
 
-RUN = Path(__file__).resolve().parent.parent / "docs" / "runs" / "20261202-122731-witness.results.json"
+RUN = Path(__file__).resolve().parent / "data" / "runs" / "20261202-122731-witness.results.json"
 
 
 def test_report_named_file(tmp_path, capsys):
     path = tmp_path / "run" / "results.json"
     path.parent.mkdir()
     shutil.copy(RUN, path)
-    assert report_cli.main(SimpleNamespace(results=str(path), results_root="unused")) == 0
+    assert report_summary.main(SimpleNamespace(results=str(path), results_root="unused")) == 0
     out = capsys.readouterr().out
     summary = (path.parent / "summary.md").read_text()
     assert out.strip() == summary.strip()
@@ -36,11 +36,11 @@ def test_report_newest_under_root(tmp_path, capsys):
         (tmp_path / name).mkdir()
         shutil.copy(RUN, tmp_path / name / "results.json")
         os.utime(tmp_path / name / "results.json", (1_000_000 + i, 1_000_000 + i))
-    assert report_cli.main(SimpleNamespace(results=None, results_root=str(tmp_path))) == 0
+    assert report_summary.main(SimpleNamespace(results=None, results_root=str(tmp_path))) == 0
     assert (tmp_path / "20261202-000000-new" / "summary.md").exists()
     assert not (tmp_path / "20261201-000000-old" / "summary.md").exists()
 
 
 def test_report_nothing_to_read(tmp_path, capsys):
-    assert report_cli.main(SimpleNamespace(results=None, results_root=str(tmp_path))) == 2
+    assert report_summary.main(SimpleNamespace(results=None, results_root=str(tmp_path))) == 2
     assert "no " in capsys.readouterr().err

@@ -1,0 +1,184 @@
+"""A cell's outcome from its stage results, under the rules of the ModelOpt that ran.
+
+Pure judging: ranks measure (harness/rank/), the controller runs stages (harness/run/cell.py)
+and hands the typed results here. Recorded runs are judged again with the same functions
+(harness/report/verdict.py).
+"""
+from __future__ import annotations
+
+from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
+from harness.check.logits import judge_logits, logits_problems
+from harness.check.versions import behaviour_for, plugin_problem
+from harness.records import CellRecord, StageCause, StageResult
+
+# The report's failure: megatron-core's validation refuses the per-expert amax access pattern.
+BUG_EXCEPTION = "CheckpointingException"
+BUG_TEXT = "Invalid access pattern"
+
+
+def is_bug(cause: StageCause | None) -> bool:
+    return bool(
+        cause
+        and (cause.exc_type or "").endswith(BUG_EXCEPTION)
+        and BUG_TEXT in (cause.message or "")
+        and WEIGHT_AMAX.search(cause.key or "")
+    )
+
+
+def version_skip_reason(cell, behaviour, modelopt: str | None) -> str | None:
+    """Why the installed nvidia-modelopt cannot run this cell meaningfully, or None."""
+    s = cell.scenario
+    if s.patch == "fix" and not behaviour.fix_applies:
+        from harness.fix import SUPPORTED_MODELOPT_VERSION
+
+        return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only; "
+                f"{modelopt} is installed (a fixed release needs no patch: see the unpatched "
+                "scenarios)")
+    if s.tier == "cpu" and (behaviour.plugin_needs_te or not behaviour.known):
+        return plugin_problem()
+    return None
+
+
+def under_version(rec: CellRecord, cell, stage: StageResult | None) -> None:
+    """Expectations of the nvidia-modelopt the stage's ranks imported (the controller's until a
+    stage has reported)."""
+    ran = stage.environment.get("nvidia-modelopt") if stage else None
+    rec.modelopt = ran or rec.modelopt
+    behaviour = behaviour_for(rec.modelopt)
+    rec.expectations = behaviour.label
+    rec.notice = behaviour.notice(rec.modelopt)
+    rec.expected = cell.expected_under(behaviour)
+
+
+def fill_failure(rec: CellRecord, stage: StageResult) -> None:
+    cause = stage.cause
+    rec.failed_stage = stage.stage
+    rec.exception_type = (cause.exc_type or cause.kind) if cause else None
+    rec.message = ((cause.message if cause else "") or stage.summary or "")[:2000]
+    rec.failing_key = cause.key if cause else None
+    rec.first_failure_rank = cause.rank if cause else None
+    rec.secondary_errors = stage.secondaries
+    rec.teardown_s = stage.teardown_s
+
+
+def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str) -> None:
+    """A stage that failed: the bug where ``expected_stage`` was expected, else unexpected."""
+    fill_failure(rec, stage)
+    if rec.expected == expected_stage and is_bug(stage.cause):
+        rec.outcome = "bug-reproduced"
+    else:
+        rec.outcome = "unexpected-failure"
+        if stage.timed_out:
+            rec.reason = f"{stage.stage} stage timed out"
+
+
+def save_only(rec: CellRecord, save: StageResult) -> None:
+    if not save.ok:
+        failed_stage(rec, save, "fail-save")
+    elif rec.expected == "fail-save":
+        rec.outcome, rec.reason = "unexpected-pass", bug_gone_message(rec)
+    else:
+        rec.outcome = "pass"
+
+
+def blocked(rec: CellRecord, save: StageResult, save_id: str) -> None:
+    """A load cell whose save failed is not run."""
+    rec.outcome = "blocked"
+    rec.reason = f"blocked by the save at {save_id}, which failed; not run"
+    if rec.expected != "fail-save":
+        rec.outcome = "unexpected-failure"
+        fill_failure(rec, save)
+
+
+def judged_verify(verify: dict, tier: str) -> dict:
+    """The rank's measurements with the logits criterion applied (when logits were measured)."""
+    if "logits_plain" not in verify:
+        return dict(verify)
+    return {**verify, **judge_logits(verify, tier)}
+
+
+def verify_problems(verify: dict, known_gaps) -> list[str]:
+    problems = []
+    if verify.get("mismatch_count"):
+        first = verify["mismatches"][0]
+        problems.append(f"{verify['mismatch_count']} tensor(s) differ, first {first['key']}")
+    missing = [k for k in verify.get("missing_keys", [])
+               if not any(g.matches(k) for g in known_gaps)]
+    if missing:
+        problems.append(f"{len(missing)} saved key(s) absent after load, first {missing[0]}")
+    if verify.get("unexpected_keys"):
+        problems.append(f"keys not in the saved model: {verify['unexpected_keys'][0]}")
+    if verify.get("logits_ok") is False:
+        problems += logits_problems(verify)
+    return problems
+
+
+def load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
+    """A load stage against the cell's expectation."""
+    if not stage.ok:
+        failed_stage(rec, stage, "fail-load")
+        if rec.expected == "not-restored" and not stage.timed_out:
+            rec.outcome = "bug-reproduced"  # any clean refusal to load counts; the cause says which
+        return
+    rec.verify = judged_verify(stage.rank0.get("verify", {}), rec.tier)
+    problems = verify_problems(rec.verify, known_gaps)
+    if rec.expected == "not-restored":
+        if problems:
+            rec.outcome, rec.failed_stage = "bug-reproduced", "verify"
+            rec.message = "; ".join(problems + [held_after_load(rec.verify)])
+        else:
+            rec.outcome = "unexpected-pass"
+            rec.reason = ("expected unpatched modelopt to fail restoring this golden checkpoint, "
+                          "but every tensor matched: older checkpoints now load without the fix")
+    elif rec.expected == "amax-lost":
+        _amax_lost(rec, known_gaps, problems)
+    elif rec.expected in ("fail-load", "fail-save"):
+        rec.outcome, rec.reason = "unexpected-pass", bug_gone_message(rec)
+    elif problems:
+        rec.outcome, rec.failed_stage = "unexpected-failure", "verify"
+        rec.message = "; ".join(problems)
+    else:
+        rec.outcome = "pass"
+
+
+def _amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
+    """The second bug is reproduced when exactly per-expert weight-quantizer amax went missing."""
+    missing = [k for k in rec.verify.get("missing_keys", [])
+               if not any(g.matches(k) for g in known_gaps)]
+    rec.failing_key = missing[0] if missing else None
+    if missing and all(is_expert_weight_amax(k) for k in missing) and not rec.verify.get("mismatch_count"):
+        rec.outcome, rec.failed_stage = "bug-reproduced", "verify"
+        rec.message = (f"{len(missing)} per-expert weight_quantizer amax absent after "
+                       "load_state_dict (post-restore re-calibration through expert 0); "
+                       + held_after_load(rec.verify))
+    elif not problems:
+        rec.outcome = "unexpected-pass"
+        rec.reason = ("expected per-expert amax to be lost after load_state_dict (second bug) "
+                      "but every amax survived: that bug is gone in this modelopt")
+    else:
+        rec.outcome, rec.failed_stage = "unexpected-failure", "verify"
+        rec.message = "; ".join(problems)
+
+
+def held_after_load(verify: dict) -> str:
+    """One line: what the loaded model holds for the saved per-expert amax, and its effect."""
+    from harness.check.compare import AMAX_STATES
+
+    st = verify.get("expert_amax_state") or {}
+    if not st.get("saved"):
+        return "no per-expert amax in the checkpoint"
+    parts = [f"{st[k]} {k}" for k in reversed(AMAX_STATES) if st.get(k)]
+    text = f"expert amax after load: {', '.join(parts)} (of {st['saved']} saved)"
+    eff = verify.get("logits_effect")
+    if eff:
+        text += (f"; NVFP4 logits vs the checkpoint's amax: {eff['nonfinite_loaded']} of "
+                 f"{eff['logits']} non-finite, rel max-abs {eff['nvfp4_rel_max_abs']}")
+    return text
+
+
+def bug_gone_message(rec: CellRecord) -> str:
+    return (
+        f"expected the per-expert _amax collision ({rec.expected}) but the cell passed: the bug "
+        f"no longer reproduces with nvidia-modelopt {rec.modelopt}; the "
+        "quarantined Nemotron-3 jobs are candidates for un-quarantine (see `make verdict`)"
+    )

@@ -1,0 +1,85 @@
+"""The typed records that cross file boundaries: a stage's result, a cell's record, outcomes.
+
+A stage result is built once (from a torchrun by harness/launch/torchrun.py, or from a golden
+checkpoint by harness/run/cell.py), written as ``stage.json``, read back as the same type and
+judged by harness/check/judge.py. A cell record is one entry of results.json
+(schema in docs/ARCHITECTURE.md).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+OUTCOMES = ("pass", "bug-reproduced", "unexpected-failure", "unexpected-pass", "blocked", "skipped")
+# The harness saw what it expected.
+GOOD_OUTCOMES = ("pass", "bug-reproduced")
+# The run fails: the world differs from what the installed ModelOpt's rules predict.
+UNEXPECTED_OUTCOMES = ("unexpected-failure", "unexpected-pass")
+
+
+@dataclass
+class StageCause:
+    """The first failure of a stage (harness/launch/failures.py decides which one is first)."""
+
+    rank: int | None
+    kind: str  # exception | signal | exit | timeout | hang
+    exc_type: str | None
+    message: str
+    key: str | None  # the checkpoint key named in the error, if any
+
+
+@dataclass
+class StageResult:
+    stage: str  # save | load | golden | dump-metadata
+    ok: bool
+    wall_s: float
+    timed_out: bool = False
+    teardown_s: float | None = None  # first failure seen -> every rank gone
+    leftovers: list[int] = field(default_factory=list)
+    cause: StageCause | None = None
+    secondaries: list[str] = field(default_factory=list)  # one line each, labelled secondary
+    rank_results: dict[str, dict] = field(default_factory=dict)  # rank (as text) -> its figures
+    summary: str = ""
+    environment: dict = field(default_factory=dict)  # versions the ranks imported
+
+    @property
+    def rank0(self) -> dict:
+        return self.rank_results.get("0", {})
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "StageResult":
+        cause = doc.get("cause")
+        return cls(**{**doc, "cause": StageCause(**cause) if cause else None})
+
+
+@dataclass
+class CellRecord:
+    scenario: str
+    cell_id: str
+    tier: str
+    backend: str
+    save_topology: str
+    load_topology: str | None
+    patch: str
+    expected: str
+    outcome: str = "skipped"
+    failed_stage: str | None = None
+    exception_type: str | None = None
+    message: str | None = None
+    failing_key: str | None = None
+    first_failure_rank: int | None = None
+    secondary_errors: list[str] = field(default_factory=list)
+    durations: dict = field(default_factory=dict)
+    verify: dict = field(default_factory=dict)
+    reason: str | None = None
+    teardown_s: float | None = None
+    # The nvidia-modelopt the ranks imported, and whose expectations judged the cell
+    # (harness/check/versions.py); notice: set when that version is unknown to the harness.
+    modelopt: str | None = None
+    expectations: str | None = None
+    notice: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)

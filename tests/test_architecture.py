@@ -1,0 +1,116 @@
+"""The import rules of docs/ARCHITECTURE.md, checked on the source (no harness module is imported).
+
+Why: the controller/rank boundary and "judging starts no process" are what make the harness
+readable and its teardown bounded; an import that crosses them is caught here, not in review.
+"""
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parent.parent / "harness"
+PACKAGES = ("topology", "scenario", "model", "rank", "launch", "check", "golden", "run", "report", "fix")
+# package -> harness packages it must never import (directly, at any depth of a function)
+FORBIDDEN = {
+    "topology": set(PACKAGES) - {"topology"},
+    "model": set(PACKAGES) - {"model", "topology"},
+    "check": {"launch", "run", "report", "rank"},
+    "rank": {"run", "report", "launch"},
+    "launch": {"run", "report"},
+    "report": {"launch"},
+    "fix": set(PACKAGES) - {"fix"},
+}
+# Modules that start processes; pure judging never imports them.
+PROCESS_MODULES = {"subprocess", "multiprocessing", "torch.multiprocessing", "concurrent.futures"}
+
+pytestmark = pytest.mark.cpu
+
+
+def _package(path: Path) -> str:
+    """harness/<pkg>/x.py -> pkg; a top-level module (cli, paths, records, ...) -> its own name."""
+    rel = path.relative_to(HARNESS)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _imports(path: Path, pkg: str | None = None) -> set[str]:
+    """Every module named by an import statement in ``path`` (function bodies included),
+    relative ones resolved against ``pkg`` (default: the package the file sits in)."""
+    out = set()
+    pkg = pkg or ".".join(("harness", *path.relative_to(HARNESS).parent.parts))
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}
+    return out
+
+
+def _graph() -> dict[str, dict[str, set[str]]]:
+    """package -> imported harness package -> the files that import it."""
+    graph: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for path in HARNESS.rglob("*.py"):
+        src = _package(path)
+        for mod in _imports(path):
+            parts = mod.split(".")
+            if parts[0] == "harness" and len(parts) > 1 and parts[1] != src:
+                graph[src][parts[1]].add(str(path.relative_to(HARNESS.parent)))
+    return graph
+
+
+def test_every_module_sits_in_a_package_or_is_a_known_top_level_module():
+    top = {p.stem for p in HARNESS.glob("*.py")}
+    assert top == {"__init__", "__main__", "cli", "paths", "jsonfile", "records"}, top
+    assert {p.name for p in HARNESS.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(PACKAGES)
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_follow_the_rules(package):
+    used = _graph()[package]
+    broken = {dep: sorted(files) for dep, files in used.items() if dep in FORBIDDEN[package]}
+    assert not broken, f"harness/{package}/ must not import {sorted(broken)}: {broken}"
+
+
+def test_judging_starts_no_process():
+    offenders = {str(p.relative_to(HARNESS.parent)): sorted(_imports(p) & PROCESS_MODULES)
+                 for p in (HARNESS / "check").rglob("*.py") if _imports(p) & PROCESS_MODULES}
+    assert not offenders, offenders
+
+
+def test_no_import_cycle_between_packages():
+    graph = {src: set(deps) for src, deps in _graph().items()}
+    seen, stack, cycles = set(), [], []
+
+    def visit(node):
+        if node in stack:
+            cycles.append(stack[stack.index(node):] + [node])
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            visit(dep)
+        stack.pop()
+
+    for node in sorted(graph):
+        visit(node)
+    detail = {f"{a} -> {b}": sorted(_graph()[a][b]) for c in cycles for a, b in zip(c, c[1:])}
+    assert not cycles, f"import cycles {[' -> '.join(c) for c in cycles]}; edges: {detail}"
+
+
+def test_the_rule_checker_sees_what_it_must_refuse(tmp_path):
+    """The checker can fail: a lazy relative import from check/ into launch/ and a process
+    module are both resolved and named."""
+    src = tmp_path / "x.py"
+    src.write_text("def f():\n    from ..launch import torchrun\n    import subprocess\n")
+    mods = _imports(src, pkg="harness.check")
+    assert {"harness.launch", "harness.launch.torchrun", "subprocess"} <= mods
+    assert "launch" in FORBIDDEN["check"] and mods & PROCESS_MODULES
