@@ -152,3 +152,13 @@ def test_a_fixed_release_is_safe_by_its_own_rules_and_the_goldens_are_reported()
     assert _by_job(vds)["nano-30b-a3b-qad"].word == verdict.SAFE
     assert "this version's own rules expect it to pass" in text
     assert "golden=g,load=tp1-etp1-ep1-pp1: bug-reproduced - expert amax after load: 32 absent" in text
+
+
+def test_the_recorded_0_48_0rc1_run_clears_both_jobs():
+    """Recorded H200 evidence (docs/runs/20261203-000204-matrix.md): under 0.48.0rc1's own rules
+    (witness cells expected to pass) every witness cell of both jobs passed, so both are SAFE."""
+    doc = json.loads((RUNS / "20261203-000227-matrix-0.48.0rc1.results.json").read_text())
+    assert {c["modelopt"] for c in doc["cells"]} == {"0.48.0rc1"}
+    vds = _by_job(verdict.judge_doc(doc))
+    assert {job: vd.word for job, vd in vds.items()} == {
+        "nano-30b-a3b-qad": verdict.SAFE, "ultra-550b-a55b-nvfp4-ptq": verdict.SAFE}
