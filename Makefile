@@ -5,7 +5,10 @@ PY = $(shell bash tools/python.sh)
 PYTEST_WORKERS ?= 2
 RESULTS ?= results
 
-.PHONY: repro test test-all test-gpu witness verdict report map matrix bench lint docker-build docker-repro clean
+help:             ## this list
+	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
+
+.PHONY: help repro test test-all test-gpu witness verdict report map matrix bench lint docker-build docker-repro clean
 
 repro:            ## the main job: reproduce the bug, check the fix, on the best tier here
 	$(PY) -m harness --results-root $(RESULTS) repro
@@ -31,8 +34,9 @@ report:           ## markdown summary + grid picture of the newest run
 map:              ## collision map of every topology up to 8 ranks
 	$(PY) -m harness map --max-world 8
 
-bench:            ## per-stage durations of one cpu cell and the CI suite
+bench:            ## per-stage durations of one cpu cell and the CI suite; signal -> exit seconds
 	$(PY) bench/stages.py
+	$(PY) bench/interrupts.py
 
 lint:             ## CI file against GitLab's schema, Dockerfile lint
 	bash tools/validate-gitlab-ci.sh

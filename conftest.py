@@ -2,7 +2,10 @@
 
 Every cell of every ``scenarios/*.toml`` becomes one test id such as
 ``test_cell[cpu-reshard[save=tp1-etp1-ep2-pp1,load=tp1-etp1-ep4-pp1]]``, marked with its tier.
-Cells that share a save run in one xdist group so the save torchrun happens once.
+Cells that share a save run in one xdist group so the save torchrun happens once. A bad
+scenario file becomes one erroring item, ``test_cell[scenario-file[<file>]]``, whose message is
+the file's one line; the other files' cells still run. ``HARNESS_SCENARIO_DIR`` points collection
+at another scenario directory (tests of the collection itself use it).
 """
 from __future__ import annotations
 
@@ -65,6 +68,8 @@ def pytest_configure(config):
         _own_gpus(config)
         return
     config.harness_gpus = _controller_gpus()
+    # Reserved now, exclusively (xdist workers share it; another session never does); removed
+    # at the end when no cell ran, so --collect-only leaves no empty results/<ts>-pytest behind.
     from harness.run.results import new_run_dir
 
     config.harness_run_dir = new_run_dir(Path(config.getoption("--results-root")), "pytest")
@@ -75,26 +80,62 @@ def pytest_configure_node(node):  # xdist hook: hand run directory and GPU list 
     node.workerinput["harness_gpus"] = node.config.harness_gpus
 
 
+def _scenario_dir() -> Path:
+    from harness.paths import SCENARIO_DIR
+
+    return Path(os.environ.get("HARNESS_SCENARIO_DIR") or SCENARIO_DIR)
+
+
+def _registered_markers(config) -> set[str]:
+    return {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+
+
 def pytest_generate_tests(metafunc):
     if "cell" not in metafunc.fixturenames:
         return
-    from harness.scenario.scenarios import load_all
+    from harness.scenario.scenarios import ScenarioError, load_all_with_errors, shown_path
 
     wanted = set(metafunc.config.getoption("--scenario"))
+    registered = _registered_markers(metafunc.config)
+    scenarios, errors = load_all_with_errors(_scenario_dir())
     params = []
-    for scenario in load_all():
+    for scenario in scenarios:
         if wanted and scenario.name not in wanted:
+            continue
+        src = Path(scenario.source)
+        unknown = [m for m in scenario.markers if m not in registered]
+        try:
+            if unknown:  # --strict-markers would stop the whole collection on it
+                raise ScenarioError(f"markers: {unknown[0]!r} is not a registered pytest marker "
+                                    "(pyproject.toml [tool.pytest.ini_options] markers)")
+            cells = scenario.cells()
+        except ScenarioError as exc:
+            errors.append(exc if exc.path else ScenarioError(f"{shown_path(src)}: {exc}", src, scenario.name))
             continue
         marks = [getattr(pytest.mark, MARK_FOR_TIER[scenario.tier])]
         marks += [getattr(pytest.mark, m) for m in scenario.markers if m not in MARK_FOR_TIER.values()]
-        for cell in scenario.cells():
+        for cell in cells:
             group = pytest.mark.xdist_group(cell.save_id)
             params.append(pytest.param(cell, id=cell.id, marks=[*marks, group]))
-    metafunc.parametrize("cell", params)
+    every_tier = [getattr(pytest.mark, m) for m in MARK_FOR_TIER.values()]  # shown under any -m tier
+    for exc in errors:
+        if wanted and exc.name not in wanted:
+            continue
+        params.append(pytest.param(exc, id=f"scenario-file[{Path(exc.path).name}]", marks=every_tier))
+    metafunc.parametrize("cell", params, indirect=True)
 
 
-@pytest.fixture(scope="session")
-def run_dir(request) -> Path:
+@pytest.fixture
+def cell(request):
+    """The parametrized cell; a bad scenario file's item fails here with the file's one line."""
+    if isinstance(request.param, Exception):
+        pytest.fail(str(request.param), pytrace=False)
+    return request.param
+
+
+@pytest.fixture
+def run_dir(request, cell) -> Path:
+    """After ``cell``: a bad scenario file's item fails first."""
     return request.config.harness_run_dir
 
 
@@ -106,4 +147,8 @@ def pytest_sessionfinish(session):
         from harness.scenario.machine import versions
         from harness.run.results import collect
 
-        collect(run, versions())
+        from harness.launch.torchrun import shutdown_signal
+
+        collect(run, versions(), interrupted=shutdown_signal())
+    elif run.is_dir() and not any(run.iterdir()):  # no cell ran: leave no empty run dir
+        run.rmdir()

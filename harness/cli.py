@@ -34,18 +34,35 @@ def cmd_map(args) -> int:
 
 def cmd_run(args) -> int:
     from harness.run.cells import run_cells, select_cells
-    from harness.scenario.scenarios import load_all
+    from harness.scenario.scenarios import load_all_with_errors, report_errors
 
-    scenarios = [s for s in load_all() if not args.scenario or s.name in args.scenario]
+    good, bad = load_all_with_errors()
+    report_errors(bad)  # reported and skipped: one bad file never blocks the others
+    if any({err.name, Path(err.path).stem} & set(args.scenario) for err in bad):
+        return 2  # the scenario asked for is a bad one
+    scenarios = [s for s in good if not args.scenario or s.name in args.scenario]
     cells = select_cells(scenarios, args.cells)
     if not cells:
         print(f"no cell matches scenario {args.scenario} / cells {args.cells}; "
               "see scenarios/*.toml", file=sys.stderr)
         return 2
     doc = run_cells(cells, Path(args.results_root), label=args.label, jobs=args.jobs)
-    from harness.records import UNEXPECTED_OUTCOMES
+    from harness.run.results import exit_code
 
-    return 1 if any(c["outcome"] in UNEXPECTED_OUTCOMES for c in doc["cells"]) else 0
+    return exit_code(doc)
+
+
+def bounded_int(low: int, high: int):
+    """An argparse type: an int in [low, high], else one clear line (no silent default)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high}")
+        return value
+    return parse
 
 
 def cmd_repro(args) -> int:
@@ -72,13 +89,23 @@ def cmd_verdict(args) -> int:
     from harness.report import verdict
 
     if args.results:
-        return verdict.main(verdict.read_docs(args.results))
+        from harness.check.results_file import ResultsFileError
+
+        try:
+            docs = verdict.read_docs(args.results)
+        except ResultsFileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return verdict.main(docs)
     from harness.run.cells import run_cells
 
     cells = verdict.cells_to_run()
     print(f"running {len(cells)} verdict cell(s) with the installed modelopt", file=sys.stderr)
     doc = run_cells(cells, Path(args.results_root), label="verdict", out=sys.stderr)
-    return verdict.main([("this machine, installed modelopt", doc)])
+    from harness.run.results import exit_code
+
+    rc = verdict.main([("this machine, installed modelopt", doc)])
+    return exit_code(doc) if doc.get("incomplete") else rc
 
 
 def cmd_report(args) -> int:
@@ -121,16 +148,17 @@ def cmd_matrix(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.launch.torchrun import exit_cleanly_on_sigterm
+    from harness.launch.torchrun import interrupt_on_signals
 
     _quiet()
-    exit_cleanly_on_sigterm()
+    interrupt_on_signals()
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     p.add_argument("--results-root", default=str(RESULTS_DIR))
     sub = p.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("map", help="collision map of every topology up to N ranks (oracle)")
-    m.add_argument("--max-world", type=int, default=8)
+    m.add_argument("--max-world", type=bounded_int(1, 64), default=8,
+                   help="largest world size (1..64; the map grows fast with it)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(fn=cmd_map)
 
@@ -138,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable)")
     r.add_argument("--cells", action="append", default=[],
                    help="glob on cell ids, e.g. '*save=tp4-etp1-ep8*' (repeatable)")
-    r.add_argument("--jobs", type=int, default=1, help="cells run at once in each phase")
+    r.add_argument("--jobs", type=bounded_int(1, 64), default=1,
+                   help="cells run at once in each phase (1..64)")
     r.add_argument("--label", default="run", help="suffix of the results/<run-id> folder")
     r.set_defaults(fn=cmd_run)
 

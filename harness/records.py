@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-OUTCOMES = ("pass", "bug-reproduced", "unexpected-failure", "unexpected-pass", "blocked", "skipped")
+OUTCOMES = ("pass", "bug-reproduced", "unexpected-failure", "unexpected-pass", "blocked", "skipped",
+            "interrupted")
 # The harness saw what it expected.
 GOOD_OUTCOMES = ("pass", "bug-reproduced")
 # The run fails: the world differs from what the installed ModelOpt's rules predict.
 UNEXPECTED_OUTCOMES = ("unexpected-failure", "unexpected-pass")
+# The controller was stopped (Ctrl-C, CI cancel) while the cell ran or before it started: says
+# nothing about the product; the run's results.json is then marked incomplete.
+INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -40,6 +44,7 @@ class StageResult:
     rank_results: dict[str, dict] = field(default_factory=dict)  # rank (as text) -> its figures
     summary: str = ""
     environment: dict = field(default_factory=dict)  # versions the ranks imported
+    interrupted: str | None = None  # the signal that stopped the controller during this stage
 
     @property
     def rank0(self) -> dict:

@@ -6,6 +6,7 @@ requirements/cpu.txt, so the GPU image never tests a different stack than the CP
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -131,9 +132,11 @@ def test_gitlab_ci_modelopt_pin_matches():
 
 
 def test_gpu_wheelhouse_pins_agree_when_present(args):
-    """The shared GPU wheelhouse is optional (absent on a clean clone); compare when it is there."""
-    pins = ROOT.parent / "shared" / "gpu-wheelhouse" / "pins.txt"
-    if not pins.is_file():
-        pytest.skip(f"{pins} not present")
+    """A GPU wheelhouse (docs/gpu-host.md) is optional: compare its pins when
+    HARNESS_GPU_WHEELHOUSE names one."""
+    where = os.environ.get("HARNESS_GPU_WHEELHOUSE")
+    pins = Path(where) / "pins.txt" if where else None
+    if pins is None or not pins.is_file():
+        pytest.skip("no GPU wheelhouse given (HARNESS_GPU_WHEELHOUSE=<dir with pins.txt>)")
     assert args["MEGATRON_CORE_VERSION"] == pin(pins, "megatron-core")
     assert args["MODELOPT_VERSION"] == pin(pins, "nvidia-modelopt")

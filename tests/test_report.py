@@ -62,9 +62,12 @@ def test_cause_and_seconds():
     assert cell_seconds({}) == 0.0
 
 
-def test_five_categories():
+def test_every_outcome_has_its_category():
+    from harness.records import OUTCOMES
+
     labels = [c[1] for c in CATEGORIES]
-    assert len(labels) == 5
+    assert {o for outcomes, *_ in CATEGORIES for o in outcomes} == set(OUTCOMES)
+    assert CATEGORIES[category("interrupted")][1].startswith("interrupted")  # not a failure
     assert {"pass", "blocked", "skipped", "bug reproduced as expected"} <= set(labels)
     assert CATEGORIES[category("bug-reproduced")][1] == "bug reproduced as expected"
     assert category("unexpected-failure") == category("unexpected-pass") == category("???")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
 from harness.check.logits import judge_logits, logits_problems
 from harness.check.versions import behaviour_for, plugin_problem
-from harness.records import CellRecord, StageCause, StageResult
+from harness.records import INTERRUPTED, CellRecord, StageCause, StageResult
 
 # The report's failure: megatron-core's validation refuses the per-expert amax access pattern.
 BUG_EXCEPTION = "CheckpointingException"
@@ -48,6 +48,17 @@ def under_version(rec: CellRecord, cell, stage: StageResult | None) -> None:
     rec.expectations = behaviour.label
     rec.notice = behaviour.notice(rec.modelopt)
     rec.expected = cell.expected_under(behaviour)
+
+
+def interrupted(rec: CellRecord, stage: StageResult | None, signal: str) -> None:
+    """The controller was stopped: not a product failure, whatever the ranks were doing."""
+    rec.outcome = INTERRUPTED
+    if stage is None:
+        rec.reason = f"not started: the run was interrupted ({signal})"
+        return
+    rec.failed_stage, rec.teardown_s = stage.stage, stage.teardown_s
+    gone = f"; every rank gone {stage.teardown_s:.2f} s later" if stage.teardown_s is not None else ""
+    rec.reason = f"interrupted by {signal} during the {stage.stage} stage{gone}"
 
 
 def fill_failure(rec: CellRecord, stage: StageResult) -> None:

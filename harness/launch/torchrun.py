@@ -45,6 +45,7 @@ class StageRun:
     leftovers: list[int]
     first_failure_at: float | None = None
     all_gone_at: float | None = None
+    interrupted: str | None = None  # the signal that stopped the controller (SIGINT, SIGTERM)
 
     def result(self) -> StageResult:
         """The typed record the rest of the controller works with (and writes as stage.json)."""
@@ -60,9 +61,13 @@ class StageRun:
             summary=self.summary(),
             # versions the ranks imported (rank/setup.py record_environment); {} if none got there
             environment=read_json(self.stage_dir / "environment.json", default={}),
+            interrupted=self.interrupted,
         )
 
     def summary(self) -> str:
+        if self.interrupted:
+            gone = f"; every rank gone in {self.teardown_s:.2f} s" if self.teardown_s is not None else ""
+            return f"{self.stage}: INTERRUPTED by {self.interrupted} after {self.wall_s:.1f} s{gone}"
         if self.ok:
             return f"{self.stage}: ok in {self.wall_s:.1f} s ({len(self.rank_results)} ranks)"
         head = f"{self.stage}: FAILED" + (" (timed out)" if self.timed_out else "")
@@ -99,6 +104,7 @@ class _Watch:
     first_failure_at: float | None = None
     signalled_at: float | None = None  # when the controller first signalled the job
     signalled_pids: set[int] = field(default_factory=set)
+    interrupted: str | None = None  # set when the controller was told to stop
 
 
 def stage_env(stage: str, stage_dir: Path, timeout_s: float, pg_timeout_s: float | None, extra: dict | None) -> dict:
@@ -127,6 +133,10 @@ def run_stage(
 ) -> StageRun:
     """Run ``torchrun -m rank_module rank_args`` with ``nproc`` ranks; never leaves a process behind."""
     stage_dir = Path(stage_dir).resolve()
+    if _SHUTDOWN.is_set():  # the run was interrupted: start nothing new
+        return StageRun(stage=stage, ok=False, returncode=None, wall_s=0.0, timed_out=False,
+                        cause=None, secondaries=[], rank_results={}, stage_dir=stage_dir,
+                        teardown_s=None, leftovers=[], interrupted=shutdown_signal())
     for sub in ("logs", "errors", "stacks", "ranks"):
         (stage_dir / sub).mkdir(parents=True, exist_ok=True)
     cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
@@ -144,7 +154,8 @@ def run_stage(
         _kill_session(proc, w, grace_s=0.0 if timed_out else 1.0)
     all_gone = time.time()
     leftovers = _reap_leftovers(proc.pid, w)
-    return _collect(stage, stage_dir, proc, w, t0, all_gone, timed_out, leftovers)
+    return _collect(stage, stage_dir, proc, w, t0, all_gone, timed_out and not w.interrupted,
+                    leftovers)
 
 
 def _watch(proc: subprocess.Popen, stage_dir: Path, w: _Watch, t0: float, timeout_s: float, grace_s: float) -> bool:
@@ -158,7 +169,11 @@ def _watch(proc: subprocess.Popen, stage_dir: Path, w: _Watch, t0: float, timeou
             w.first_failure_at = _earliest_error_time(errors_dir) or now
         if w.first_failure_at is not None and now - max(w.first_failure_at, t0) > grace_s:
             return False  # torchrun did not finish tearing down: the caller kills the session
-        if now - t0 > timeout_s or _SHUTDOWN.is_set():
+        if _SHUTDOWN.is_set():  # interrupted: no stack dump, tear down at once
+            w.interrupted = shutdown_signal()
+            w.first_failure_at = w.first_failure_at or now
+            return True
+        if now - t0 > timeout_s:
             w.first_failure_at = w.first_failure_at or now
             _dump_stacks(stage_dir, w)
             return True
@@ -344,8 +359,9 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: _Watch, t0:
             signalled=pid in by_elastic, log_tail=_tail(stage_dir / "logs" / f"rank{rank}.log"),
             stack=_tail(stage_dir / "stacks" / f"rank{rank}.txt", 20000),
         ))
-    failed = proc.returncode != 0 or timed_out or bool(errors)
-    cause, secondaries = F.classify(stage, errors, exits, timed_out=timed_out) if failed else (None, [])
+    failed = proc.returncode != 0 or timed_out or bool(errors) or bool(w.interrupted)
+    classify = failed and not w.interrupted  # an interrupted stage has no product failure to name
+    cause, secondaries = F.classify(stage, errors, exits, timed_out=timed_out) if classify else (None, [])
     first = w.first_failure_at
     if first is None and failed:
         first = min((f.time for f in [cause, *secondaries] if f and f.time), default=None)
@@ -353,7 +369,7 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: _Watch, t0:
         stage=stage, ok=not failed, returncode=proc.returncode, wall_s=all_gone - t0,
         timed_out=timed_out, cause=cause, secondaries=secondaries, rank_results=results,
         stage_dir=stage_dir, teardown_s=(all_gone - first) if first else None, leftovers=leftovers,
-        first_failure_at=first, all_gone_at=all_gone,
+        first_failure_at=first, all_gone_at=all_gone, interrupted=w.interrupted,
     )
 
 
@@ -366,16 +382,43 @@ def _tail(path: Path, n: int = 8000) -> str:
 
 
 _SHUTDOWN = threading.Event()
+_SIGNAL: list[str] = []  # the name of the signal that set _SHUTDOWN
+
+
+def shutdown_signal() -> str | None:
+    """The signal that stopped this controller (every stage tears down), or None."""
+    return (_SIGNAL[0] if _SIGNAL else "shutdown") if _SHUTDOWN.is_set() else None
+
+
+def _stop(signum: int) -> None:
+    _SIGNAL.append(signal.Signals(signum).name)
+    _SHUTDOWN.set()
 
 
 def exit_cleanly_on_sigterm() -> None:
     """On the controller's SIGTERM (CI job cancel, ``timeout``) every running ``run_stage``, in
-    any thread, tears its torchrun down as on a timeout, and the main thread exits. Ranks live
+    any thread, tears its torchrun down at once, and the main thread exits (pytest). Ranks live
     in sessions of their own and would otherwise outlive a killed controller (seen: a pytest
     killed by ``timeout`` left an 8-rank probe running). Install from the main thread."""
     def on_sigterm(signum, frame):
-        _SHUTDOWN.set()
+        _stop(signum)
         sys.exit(128 + signum)
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def interrupt_on_signals() -> None:
+    """The CLI's handling of Ctrl-C (SIGINT) and SIGTERM: every running stage tears down at
+    once, no new stage starts, and the caller goes on to write partial results marked
+    incomplete (harness/run/cells.py). A second signal stops waiting for that."""
+    def on_signal(signum, frame):
+        if _SHUTDOWN.is_set():
+            raise KeyboardInterrupt
+        _stop(signum)
+        print(f"\n{signal.Signals(signum).name}: stopping every running stage; the cells so far "
+              "are written as a partial results.json", file=sys.stderr, flush=True)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)

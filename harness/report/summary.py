@@ -8,21 +8,22 @@ works on any results.json without importing the controller.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from harness.check.results_file import INCOMPLETE_LINE, ResultsFileError, is_incomplete, read_results
 from harness.paths import RESULTS_DIR
-from harness.records import UNEXPECTED_OUTCOMES
+from harness.records import INTERRUPTED, UNEXPECTED_OUTCOMES
 
 Record = Mapping[str, Any]
 
-# The five categories of the grid, worst first (a grid square holding several records shows
+# The categories of the grid, worst first (a grid square holding several records shows
 # the worst). Each: (outcomes mapped to it, label, short text drawn in the square, colour).
 CATEGORIES = (
     (UNEXPECTED_OUTCOMES, "unexpected failure (or pass)", "FAIL", "#d62728"),
     (("blocked",), "blocked", "BLOCK", "#7f7f7f"),
+    ((INTERRUPTED,), "interrupted (run stopped, not a result)", "INTR", "#9467bd"),
     (("bug-reproduced",), "bug reproduced as expected", "BUG", "#ff9f1c"),
     (("skipped",), "skipped", "SKIP", "#c7c7c7"),
     (("pass",), "pass", "PASS", "#2ca02c"),
@@ -95,6 +96,7 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
     lines = [
         f"# moe-ckpt-harness run `{results.get('run_id', '?')}`",
         "",
+        *([f"**{INCOMPLETE_LINE}**", ""] if is_incomplete(results) else []),
         f"- date: {results.get('created', 'unknown')}",
         f"- versions: {_versions_line(results.get('versions') or {})}",
         f"- tier: {results.get('tier', 'unknown')}",
@@ -231,7 +233,7 @@ def newest_results(root: Path) -> Path | None:
 
 def write_report(results: Path, summary: Path | None = None, grid: Path | None = None) -> str:
     """Write the summary and grid picture (default names beside ``results``); return the text."""
-    doc = json.loads(results.read_text())
+    doc = read_results(results)
     text = markdown_summary(doc)
     (summary or results.parent / "summary.md").write_text(text)
     write_grid_png(doc, str(grid or results.parent / "grid.png"))
@@ -246,9 +248,11 @@ def main(args) -> int:
         print(f"error: no {root}/*/results.json; run `python -m harness run` first "
               "or name a results.json", file=sys.stderr)
         return 2
-    if not path.is_file():
-        print(f"error: {path} does not exist", file=sys.stderr)
+    try:
+        text = write_report(path)
+    except ResultsFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(write_report(path))
+    print(text)
     print(f"wrote {path.parent / 'summary.md'} and {path.parent / 'grid.png'}", file=sys.stderr)
     return 0

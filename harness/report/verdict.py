@@ -23,14 +23,15 @@ share a modelopt version, together), or, with none given, from running the cells
 """
 from __future__ import annotations
 
-import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from harness.check.results_file import INCOMPLETE_LINE, is_incomplete, read_results
 from harness.report.summary import cause
 from harness.paths import QUARANTINE_FILE
+from harness.records import INTERRUPTED
 from harness.scenario.scenarios import Cell, Scenario, load_all
 from harness.topology.topology import Topology
 
@@ -150,13 +151,15 @@ def rejudged(cell: Cell, rec: Mapping[str, Any] | None) -> tuple[Mapping[str, An
 
 def judge(job: Job, witness: list[Cell], fix: list[Cell],
           records: Mapping[str, Mapping[str, Any]]) -> Verdict:
-    """The verdict for one job from ``records`` (cell id -> results.json record)."""
+    """The verdict for one job from ``records`` (cell id -> results.json record). An interrupted
+    cell says nothing about the product: it counts as missing, and is shown as interrupted."""
     rows, notes = [], {}
+    stopped = {cid for cid, r in records.items() if r.get("outcome") == INTERRUPTED}
     for role, cells in (("witness", witness), ("fix", fix)):
         for c in cells:
-            rec, notes[c.id] = rejudged(c, records.get(c.id))
+            rec, notes[c.id] = rejudged(c, None if c.id in stopped else records.get(c.id))
             rows.append((c, role, rec))
-    evidence = [Evidence(c.id, role, r["outcome"] if r else "missing",
+    evidence = [Evidence(c.id, role, r["outcome"] if r else INTERRUPTED if c.id in stopped else "missing",
                          "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
                 for c, role, r in rows]
     tier = (witness or fix)[0].scenario.tier
@@ -178,7 +181,8 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell],
         return v(NO_EVIDENCE, f"on this machine ({why})")
     w, f = ran("witness"), ran("fix")
     reproduced = "bug-reproduced" in w
-    missing_fix = [e.cell_id for e in evidence if e.role == "fix" and e.outcome in ("missing", "skipped")]
+    missing_fix = [e.cell_id for e in evidence
+                   if e.role == "fix" and e.outcome in ("missing", "skipped", INTERRUPTED)]
     if w and complete("witness") and all(o in ("pass", "unexpected-pass") for o in w):
         how = ("the bug no longer reproduces (this version was expected to fail)"
                if "unexpected-pass" in w else "this version's own rules expect it to pass, and it does")
@@ -192,7 +196,7 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell],
         fix_state = (f"fix evidence incomplete, missing {', '.join(missing_fix)}" if missing_fix
                      else f"fix cells: {', '.join(f)}")
         return v(BLOCKED, f"the unpatched witness reproduces the bug at the job's shapes; {fix_state}")
-    missing = [e.cell_id for e in evidence if e.outcome in ("missing", "skipped")]
+    missing = [e.cell_id for e in evidence if e.outcome in ("missing", "skipped", INTERRUPTED)]
     return v(INCOMPLETE, "cannot decide from this evidence"
              + (f"; missing {', '.join(missing)}" if missing else
                 f"; outcomes {', '.join(e.outcome for e in evidence)}"))
@@ -207,8 +211,9 @@ def judge_records(records: Mapping[str, Mapping[str, Any]], quarantine: Quaranti
 
 
 def doc_records(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """cell id -> record; records from before version-aware runs take the doc's modelopt."""
-    return {c["cell_id"]: {**c, "modelopt": c.get("modelopt") or _modelopt(doc)}
+    """cell id -> record; records from before version-aware runs take the doc's modelopt, and a
+    record without a tier the doc's."""
+    return {c["cell_id"]: {"tier": doc.get("tier"), **c, "modelopt": c.get("modelopt") or _modelopt(doc)}
             for c in doc.get("cells") or []}
 
 
@@ -263,7 +268,7 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
         out.append("\n".join([format_verdicts(
             f"== modelopt {_modelopt(doc)}: {label} (run {doc.get('run_id', '?')}, "
             f"tier {doc.get('tier', '?')}; {_versions(doc)})", vds),
-            *existing_checkpoints(doc_records(doc))]))
+            *_incomplete([doc]), *existing_checkpoints(doc_records(doc))]))
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for _, doc in docs:
         groups.setdefault(_modelopt(doc), []).append(doc)
@@ -273,19 +278,28 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
         records: dict[str, Mapping[str, Any]] = {}
         for doc in sorted(group, key=lambda d: (str(d.get("created", "")), str(d.get("run_id", "")))):
             for cid, c in doc_records(doc).items():
-                if c.get("outcome") != "skipped" or cid not in records:
+                if c.get("outcome") not in ("skipped", INTERRUPTED) or cid not in records:
                     records[cid] = c
         runs = ", ".join(str(d.get("run_id", "?")) for d in group)
         vds = judge_records(records)
         every += vds
         out.append("\n".join([format_verdicts(
             f"== modelopt {version}: all {len(group)} runs together ({runs}; newer runs win for "
-            "the same cell)", vds), *existing_checkpoints(records)]))
+            "the same cell)", vds), *_incomplete(group), *existing_checkpoints(records)]))
     return "\n\n".join(out), every
 
 
+def _incomplete(docs: list[Mapping[str, Any]]) -> list[str]:
+    """A warning line when evidence comes from a run that stopped early (cells may be missing)."""
+    runs = [str(d.get("run_id", "?")) for d in docs if is_incomplete(d)]
+    if not runs:
+        return []
+    return [f"  WARNING: {INCOMPLETE_LINE}" + (f" (run {', '.join(runs)})" if len(docs) > 1 else "")]
+
+
 def read_docs(paths: list[str | Path]) -> list[tuple[str, Mapping[str, Any]]]:
-    return [(str(p), json.loads(Path(p).read_text())) for p in paths]
+    """(label, doc) per results.json; ResultsFileError (one line naming the file) on a bad one."""
+    return [(str(p), read_results(p)) for p in paths]
 
 
 def cells_to_run() -> list[Cell]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.check import judge
 from harness.check.versions import behaviour_for, installed_modelopt
 from harness.jsonfile import read_json, write_json_atomic
-from harness.launch.torchrun import run_stage
+from harness.launch.torchrun import run_stage, shutdown_signal
 from harness.paths import GOLDEN_DIR, safe_name
 from harness.rank.spec import StageSpec
 from harness.records import CellRecord, StageResult
@@ -49,14 +49,14 @@ def run_save(cell: Cell, run_dir: Path) -> StageResult:
         if done.exists():
             return StageResult.from_json(read_json(done))
         if cell.golden:
-            result = prepare_golden(cell.golden, save_dir)
+            result = prepare_golden(cell.golden, save_dir, cell.scenario.golden_root)
         else:
             result = _launch(_spec(cell, "save", cell.save, save_dir), save_dir, cell)
         write_json_atomic(done, result.to_json(), indent=2)
         return result
 
 
-def prepare_golden(name: str, save_dir: Path) -> StageResult:
+def prepare_golden(name: str, save_dir: Path, golden_root: Path = GOLDEN_DIR) -> StageResult:
     """Stand-in for a save stage: a verified copy of the golden and its expected state.
 
     The copy (harness.golden.manifest.copy_to_temp) keeps the committed bytes out of every
@@ -72,12 +72,12 @@ def prepare_golden(name: str, save_dir: Path) -> StageResult:
 
     start = time.monotonic()
     save_dir.mkdir(parents=True, exist_ok=True)
-    copy = copy_to_temp(GOLDEN_DIR / name, into=save_dir)
+    copy = copy_to_temp(golden_root / name, into=save_dir)
     shutil.move(str(copy / "ckpt"), str(save_dir / "ckpt"))
     shutil.rmtree(copy.parent)
     layout = inspect_checkpoint(save_dir / "ckpt")
     exp = expected_state(read_checkpoint_tensors(save_dir / "ckpt"), _runtime_layout())
-    write_reference(exp, save_dir / "reference", golden_topology(name).id)
+    write_reference(exp, save_dir / "reference", golden_topology(name, golden_root).id)
     summary = (f"golden {name}: layout {layout.kind}, "
                f"{sum(len(v) for v in layout.missing.values())} expert amax missing; "
                f"expected state {exp.summary()}")
@@ -122,6 +122,9 @@ def new_record(cell: Cell) -> CellRecord:
 
 def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     rec = new_record(cell)
+    if shutdown_signal():
+        judge.interrupted(rec, None, shutdown_signal())
+        return _finish(rec, cell, run_dir)
     skip = judge.version_skip_reason(cell, behaviour_for(rec.modelopt), rec.modelopt)
     if skip:
         rec.outcome, rec.reason = "skipped", skip
@@ -129,7 +132,9 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     save = run_save(cell, run_dir)
     judge.under_version(rec, cell, save)
     _note_durations(rec, "save", save)
-    if cell.load is None:
+    if save.interrupted:
+        judge.interrupted(rec, save, save.interrupted)
+    elif cell.load is None:
         judge.save_only(rec, save)
     elif not save.ok:
         judge.blocked(rec, save, cell.save.id)
@@ -138,7 +143,10 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
         load = _launch(_spec(cell, "load", cell.load, save_dir_of(cell, run_dir)), load_dir, cell)
         judge.under_version(rec, cell, load)
         _note_durations(rec, "load", load)
-        judge.load(rec, load, cell.scenario.known_gaps)
+        if load.interrupted:
+            judge.interrupted(rec, load, load.interrupted)
+        else:
+            judge.load(rec, load, cell.scenario.known_gaps)
     return _finish(rec, cell, run_dir)
 
 

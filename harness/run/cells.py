@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.scenario.machine import tier_skip_reason, versions
+from harness.launch.torchrun import shutdown_signal
 from harness.paths import safe_name
 from harness.records import UNEXPECTED_OUTCOMES, CellRecord
 from harness.run.cell import new_record, run_cell
@@ -63,7 +64,7 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         list(pool.map(one, [c for c in cells if c.load is None]))
         list(pool.map(one, [c for c in cells if c.load is not None]))
-    doc = collect(run_dir, versions())
+    doc = collect(run_dir, versions(), interrupted=shutdown_signal())
     print(markdown_summary(doc), file=out)
     print(f"results: {run_dir / 'results.json'}", file=out)
     return doc

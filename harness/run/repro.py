@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.records import UNEXPECTED_OUTCOMES
+from harness.run.results import exit_code
 from harness.scenario.machine import tier_skip_reason, versions
 from harness.topology.topology import Topology
 
@@ -101,6 +101,8 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
                         results_root, "repro-cpu", jobs=1)
         if not ok:
             return 1
-    print(f"\nrepro finished in {time.monotonic() - start:.0f} s")
-    bad = [c for c in doc["cells"] if c["outcome"] in UNEXPECTED_OUTCOMES]
-    return 1 if bad else 0
+    if doc.get("incomplete"):
+        print(f"\nrepro interrupted ({doc['interrupted_by']}) after {time.monotonic() - start:.0f} s")
+    else:
+        print(f"\nrepro finished in {time.monotonic() - start:.0f} s")
+    return exit_code(doc)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Development runs on a lent GPU host (see README "GPU host"). Assumes the wheelhouse is
-# installed under /root/site (shared/gpu-wheelhouse). Usage: run.sh <what> ; results -> $OUT.
+# Development runs on a lent GPU host (docs/gpu-host.md). Assumes a GPU wheelhouse is
+# installed under /root/site with its env.sh at /root/gw/base. Usage: run.sh <what> ; results -> $OUT.
 #   smoke      a few witness + fix cells, the TE unit test, two metadata recordings
 #   witness    the full unpatched grid (gpu-shared)
 #   fix1, fix2 the patched grid (gpu-shared) in two halves (one call each) + world-1 on tier gpu

@@ -1,0 +1,99 @@
+"""Interrupts and concurrent runs of the real CLI on the cpu tier (issue 15).
+
+Ctrl-C (SIGINT) or a CI cancel (SIGTERM) must tear every stage down in seconds, record the
+cells as ``interrupted`` (never a product failure) in a results.json marked incomplete, and
+leave no process behind; two runs started at once must never share a run or checkpoint
+directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.paths import REPO_ROOT
+
+pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("interrupts")]
+SAVE_ONLY = "cpu-reshard[save=tp1-etp1-ep2-pp1,save-only]"
+TEARDOWN_LIMIT_S = 15.0  # signal -> controller gone, every rank with it
+
+
+def start_cli(root: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", "--results-root", str(root), *args],
+        cwd=REPO_ROOT, env={**os.environ, **(env or {})}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def stage_processes(root: Path) -> list[int]:
+    """Processes whose stage directory lies under ``root`` (ranks and torchrun)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if str(root) in p.environ().get("HARNESS_STAGE_DIR", ""):
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def wait_for(pred, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def interrupt_a_hung_stage(root: Path, sig: signal.Signals) -> tuple[subprocess.Popen, str, float]:
+    """Start a cell whose ranks all hang after building the model (only a signal ends it), send
+    ``sig`` the way a terminal (SIGINT to the process group) or CI (SIGTERM) does; returns the
+    finished process, its output and the seconds from the signal to its exit."""
+    proc = start_cli(root, "run", "--cells", SAVE_ONLY, "--label", "interrupt",
+                     env={"HARNESS_INJECT": "hang:*:after_build"})
+    try:
+        assert wait_for(lambda: len(stage_processes(root)) >= 3, 120), "stage never started"
+        time.sleep(1.0)
+        sent = time.monotonic()
+        os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+        return proc, out, time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_tears_down_and_leaves_a_partial_results_file(tmp_path, sig, code):
+    # every rank hangs after building its model: only the signal can end this stage
+    proc, out, gone_s = interrupt_a_hung_stage(tmp_path, sig)
+    assert proc.returncode == code, out
+    assert gone_s < TEARDOWN_LIMIT_S, f"{gone_s:.1f} s from {sig.name} to exit\n{out}"
+    assert stage_processes(tmp_path) == [], "ranks outlived the controller"
+    (results,) = tmp_path.glob("*-interrupt/results.json")
+    doc = json.loads(results.read_text())
+    assert doc["incomplete"] is True and doc["interrupted_by"] == sig.name
+    (cell,) = doc["cells"]
+    assert cell["outcome"] == "interrupted" and cell["failed_stage"] == "save", cell
+    assert sig.name in cell["reason"] and cell["exception_type"] is None
+
+
+def test_two_runs_started_at_once_share_nothing(tmp_path):
+    procs = [start_cli(tmp_path, "run", "--cells", SAVE_ONLY, "--label", "twin") for _ in range(2)]
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    runs = sorted(tmp_path.glob("*-twin*"))
+    assert len(runs) == 2, runs  # same second, same label: still two directories
+    for run in runs:
+        doc = json.loads((run / "results.json").read_text())
+        assert [c["cell_id"] for c in doc["cells"]] == [SAVE_ONLY]
+        assert doc["cells"][0]["outcome"] == "pass", doc["cells"][0]
+        assert (run / "saves").is_dir() and not doc.get("incomplete")
