@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${GITLAB_CI_LOCAL_VERSION:-4.60.1}
-limit=${GITLAB_CI_LOCAL_TIMEOUT:-300}
+limit=${GITLAB_CI_LOCAL_TIMEOUT:-900}  # the re2 native build alone took over 300 s on a busy 2-core machine
 prefix=.ci-tools
 bin="$prefix/node_modules/.bin/gitlab-ci-local"
 pkg="$prefix/node_modules/gitlab-ci-local/package.json"

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +48,7 @@ class StageRun:
     first_failure_at: float | None = None
     all_gone_at: float | None = None
     interrupted: str | None = None  # the signal that stopped the controller (SIGINT, SIGTERM)
+    rank_nodes: dict[int, int] = field(default_factory=dict)  # global rank -> agent (node) index
 
     def result(self) -> StageResult:
         """The typed record the rest of the controller works with (and writes as stage.json)."""
@@ -93,6 +96,7 @@ class _Rank:
     pid: int
     proc: psutil.Process
     died_at: float | None = None
+    node: int = 0  # index of the torchrun agent that started it
 
 
 @dataclass
@@ -130,8 +134,14 @@ def run_stage(
     rank_module: str = "harness.rank",
     grace_s: float = 3.0,
     pg_timeout_s: float | None = None,
+    nodes: int = 1,
 ) -> StageRun:
-    """Run ``torchrun -m rank_module rank_args`` with ``nproc`` ranks; never leaves a process behind."""
+    """Run ``torchrun -m rank_module rank_args`` with ``nproc`` ranks; never leaves a process behind.
+
+    ``nodes > 1``: as many torchrun agents on this machine, ``nproc // nodes`` ranks each, joined
+    by a c10d rendezvous (the multi-node launch, testable without a second machine)."""
+    if nodes < 1 or nproc % nodes:
+        raise ValueError(f"{nproc} ranks do not split over {nodes} nodes")
     stage_dir = Path(stage_dir).resolve()
     if _SHUTDOWN.is_set():  # the run was interrupted: start nothing new
         return StageRun(stage=stage, ok=False, returncode=None, wall_s=0.0, timed_out=False,
@@ -143,9 +153,14 @@ def run_stage(
            "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--max-restarts", "0",
            "-m", rank_module, *rank_args]
     t0 = time.time()
-    with open(stage_dir / "torchrun.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env), cwd=REPO_ROOT)
+    if nodes > 1:
+        proc = _start_agents(stage, stage_dir, nproc, nodes, rank_module, rank_args, python,
+                             stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env))
+    else:
+        with open(stage_dir / "torchrun.log", "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env),
+                                    cwd=REPO_ROOT)
     w = _Watch()
     timed_out = False
     try:
@@ -153,7 +168,9 @@ def run_stage(
     finally:
         _kill_session(proc, w, grace_s=0.0 if timed_out else 1.0)
     all_gone = time.time()
-    leftovers = _reap_leftovers(proc.pid, w)
+    leftovers = _reap_leftovers(_agent_pids(proc), w)
+    if nodes > 1:
+        _join_agent_logs(stage_dir, nodes)
     return _collect(stage, stage_dir, proc, w, t0, all_gone, timed_out and not w.interrupted,
                     leftovers)
 
@@ -167,6 +184,8 @@ def _watch(proc: subprocess.Popen, stage_dir: Path, w: _Watch, t0: float, timeou
         _note_deaths(stage_dir, w, now)
         if w.first_failure_at is None and any(errors_dir.glob("rank*.json")):
             w.first_failure_at = _earliest_error_time(errors_dir) or now
+        if w.first_failure_at is None and isinstance(proc, _Agents) and proc.failed():
+            w.first_failure_at = now  # one node gave up: the others would wait in rendezvous
         if w.first_failure_at is not None and now - max(w.first_failure_at, t0) > grace_s:
             return False  # torchrun did not finish tearing down: the caller kills the session
         if _SHUTDOWN.is_set():  # interrupted: no stack dump, tear down at once
@@ -184,20 +203,21 @@ def _watch(proc: subprocess.Popen, stage_dir: Path, w: _Watch, t0: float, timeou
 
 def _discover(proc: subprocess.Popen, w: _Watch) -> None:
     """Map torchrun's children to global ranks (RANK in their environment, once exec'd)."""
-    try:
-        kids = psutil.Process(proc.pid).children()
-    except psutil.Error:
-        return
-    known = {r.pid for r in w.ranks.values()}
-    for k in kids:
-        if k.pid in known:
-            continue
+    for node, agent in enumerate(_agent_pids(proc)):
         try:
-            rank = k.environ().get("RANK")
+            kids = psutil.Process(agent).children()
         except psutil.Error:
-            rank = None
-        if rank is not None:
-            w.ranks[int(rank)] = _Rank(int(rank), k.pid, k)
+            continue
+        known = {r.pid for r in w.ranks.values()}
+        for k in kids:
+            if k.pid in known:
+                continue
+            try:
+                rank = k.environ().get("RANK")
+            except psutil.Error:
+                rank = None
+            if rank is not None:
+                w.ranks[int(rank)] = _Rank(int(rank), k.pid, k, node=node)
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -278,7 +298,7 @@ def _kill_session(proc: subprocess.Popen, w: _Watch, grace_s: float) -> None:
 
 def _groups(proc: subprocess.Popen, w: _Watch) -> list[int]:
     """torchrun's process group and each live rank's (elastic makes every rank a session leader)."""
-    return [proc.pid] + [r.pid for r in w.ranks.values() if r.died_at is None and _alive(r.proc)]
+    return _agent_pids(proc) + [r.pid for r in w.ranks.values() if r.died_at is None and _alive(r.proc)]
 
 
 def _note_deaths_quiet(w: _Watch) -> None:
@@ -295,9 +315,9 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _reap_leftovers(sid: int, w: _Watch) -> list[int]:
-    """Every process still in torchrun's or a rank's session: SIGKILL it and report it."""
-    sids = {sid, *(r.pid for r in w.ranks.values())}
+def _reap_leftovers(sid: int | list[int], w: _Watch) -> list[int]:
+    """Every process still in torchrun's (each agent's) or a rank's session: SIGKILL it and report it."""
+    sids = {*(sid if isinstance(sid, list) else [sid]), *(r.pid for r in w.ranks.values())}
     left = []
     for p in psutil.process_iter(["pid"]):
         try:
@@ -370,7 +390,97 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: _Watch, t0:
         timed_out=timed_out, cause=cause, secondaries=secondaries, rank_results=results,
         stage_dir=stage_dir, teardown_s=(all_gone - first) if first else None, leftovers=leftovers,
         first_failure_at=first, all_gone_at=all_gone, interrupted=w.interrupted,
+        rank_nodes={r.rank: r.node for r in w.ranks.values()},
     )
+
+
+def node_command(node_rank: int, nnodes: int, nproc_per_node: int, rdzv_endpoint: str,
+                 rdzv_id: str, rank_args: list[str], *, rank_module: str = "harness.rank",
+                 python: str = sys.executable, is_host: bool | None = None) -> list[str]:
+    """The torchrun argv one node of a multi-node stage runs (Slurm script, docs, the local test).
+
+    c10d ignores ``--node-rank`` (group ranks follow rendezvous order); it is passed for the logs.
+    ``is_host`` pins which agent serves the rendezvous store; None lets torch match the hostname.
+    """
+    cmd = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+           "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id, "--max-restarts", "0"]
+    if is_host is not None:
+        cmd += ["--rdzv-conf", f"is_host={int(is_host)}"]
+    return cmd + ["-m", rank_module, *rank_args]
+
+
+class _Agents:
+    """Several torchrun agents of one stage, watched like one Popen: running while any runs."""
+
+    def __init__(self, procs: list[subprocess.Popen]):
+        self.procs = procs
+
+    @property
+    def pid(self) -> int:
+        return self.procs[0].pid
+
+    @property
+    def returncode(self) -> int | None:
+        codes = [p.returncode for p in self.procs]
+        return None if None in codes else next((c for c in codes if c != 0), 0)
+
+    def poll(self) -> int | None:
+        for p in self.procs:
+            p.poll()
+        return self.returncode
+
+    def failed(self) -> bool:
+        return any(p.poll() not in (None, 0) for p in self.procs)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.time() + timeout
+        for p in self.procs:
+            p.wait(timeout=None if deadline is None else max(0.0, deadline - time.time()))
+        return self.returncode
+
+
+def _agent_pids(proc) -> list[int]:
+    return [p.pid for p in proc.procs] if isinstance(proc, _Agents) else [proc.pid]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _start_agents(stage: str, stage_dir: Path, nproc: int, nodes: int, rank_module: str,
+                  rank_args: list[str], python: str, env: dict) -> _Agents:
+    """``nodes`` torchrun agents on this machine, each in its own session, logging to
+    torchrun.node<k>.log; node 0 serves the rendezvous store (no race for the port)."""
+    endpoint = f"localhost:{_free_port()}"
+    rdzv_id = f"{stage}-{uuid.uuid4().hex[:12]}"
+    procs: list[subprocess.Popen] = []
+    try:
+        for k in range(nodes):
+            cmd = node_command(k, nodes, nproc // nodes, endpoint, rdzv_id, rank_args,
+                               rank_module=rank_module, python=python, is_host=k == 0)
+            with open(stage_dir / f"torchrun.node{k}.log", "wb") as log:
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True, env=env, cwd=REPO_ROOT))
+    except BaseException:
+        for p in procs:
+            _signal_group(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+        raise
+    return _Agents(procs)
+
+
+def _join_agent_logs(stage_dir: Path, nodes: int) -> None:
+    """One torchrun.log, as failures.py parses it (ranks in torchrun's summaries are global)."""
+    with open(stage_dir / "torchrun.log", "wb") as out:
+        for k in range(nodes):
+            out.write(f"===== torchrun agent node {k} =====\n".encode())
+            try:
+                out.write((stage_dir / f"torchrun.node{k}.log").read_bytes())
+            except OSError:
+                pass
 
 
 def _tail(path: Path, n: int = 8000) -> str:

@@ -128,11 +128,33 @@ def sample_batch(size: ModelSize, seed: int, device) -> dict:
     }
 
 
-def forward(model, batch: dict) -> torch.Tensor:
+def forward(model, batch: dict) -> torch.Tensor | None:
     """Eval forward without grad; on GPU under bf16 autocast, the role Megatron's Float16Module
-    plays in training (TE modules refuse fp32 activations next to bf16 parameters)."""
-    with torch.no_grad():
-        if torch.cuda.is_available():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return model(**batch)
-        return model(**batch)
+    plays in training (TE modules refuse fp32 activations next to bf16 parameters).
+
+    With pipeline parallelism the batch goes through megatron-core's own schedule (forward
+    only): each stage receives its input from the previous one, as in training. Returns the
+    logits on the last pipeline stage, None on the others."""
+    from megatron.core import parallel_state as ps
+
+    with torch.no_grad(), _autocast():
+        if ps.get_pipeline_model_parallel_world_size() == 1:
+            return model(**batch)
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def step(data_iterator, m):
+            return m(**next(data_iterator)), None  # no loss: the schedule keeps the output
+
+        b, s = batch["input_ids"].shape
+        out = get_forward_backward_func()(
+            forward_step_func=step, data_iterator=iter([batch]), model=model,
+            num_microbatches=1, seq_length=s, micro_batch_size=b, forward_only=True)
+        return out[0] if ps.is_pipeline_last_stage() else None
+
+
+def _autocast():
+    import contextlib
+
+    if torch.cuda.is_available():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()

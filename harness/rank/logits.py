@@ -10,7 +10,8 @@ about the checkpoint (measured on an H200: 0.19-0.43 relative max-abs between to
 every tensor and amax bit-exact, 0.0 at the same topology). The quantizer state itself is
 compared bit for bit elsewhere; ``nvfp4`` figures are reported.
 
-Pipeline-parallel forward needs a schedule; cells with pp > 1 on either side skip logits.
+With pipeline parallelism the forward goes through megatron-core's schedule (model/gpt.py
+``forward``); router selections are then not recorded (their module names are per stage).
 
 Routing: the plain pass also records every MoE router's (token, expert) selection. Top-k routing
 is discontinuous: a bf16-level change in router logits between TP/EP splits can send a token to
@@ -45,6 +46,12 @@ def _gather_tp(local: torch.Tensor) -> torch.Tensor | None:
     return torch.cat(parts, dim=-1).float().cpu() if owner else None
 
 
+def _gather_logits(local: torch.Tensor | None) -> torch.Tensor | None:
+    """Full logits on their owner: tp 0, dp 0 of the last pipeline stage (the only stage with
+    logits; the others return None without a collective)."""
+    return None if local is None else _gather_tp(local)
+
+
 def _record_routing(model) -> tuple[dict, list]:
     """Forward hooks on every router: name -> boolean [tokens, experts] selection map."""
     from megatron.core.transformer.moe.router import Router
@@ -61,15 +68,19 @@ def _record_routing(model) -> tuple[dict, list]:
 def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch.Tensor] | None:
     """{"plain", "nvfp4", "routing"} on the rank that owns full logits (tp 0, dp 0), else None."""
     batch = sample_batch(size, LOGITS_BATCH_SEED, device)
-    routing, handles = _record_routing(model)
+    from megatron.core import parallel_state as ps
+
+    # Router names are local to a pipeline stage: selections are compared at pp 1 only.
+    pipelined = ps.get_pipeline_model_parallel_world_size() > 1
+    routing, handles = ({}, []) if pipelined else _record_routing(model)
     try:
         with quantizers_bypassed(model):
-            out = {"plain": _gather_tp(forward(model, batch)), "routing": routing}
+            out = {"plain": _gather_logits(forward(model, batch)), "routing": routing}
     finally:
         for h in handles:
             h.remove()
     if tier != "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
-        out["nvfp4"] = _gather_tp(forward(model, batch))
+        out["nvfp4"] = _gather_logits(forward(model, batch))
     return out if out["plain"] is not None else None
 
 

@@ -23,8 +23,12 @@ from harness.rank.setup import Clock, device, prepare_rank
 from harness.rank.spec import StageSpec
 
 
-def _runs_logits(spec: StageSpec, other_pp: int = 1) -> bool:
-    return spec.topo.pp == 1 and other_pp == 1
+def _measures_logits(spec: StageSpec) -> bool:
+    """At pp > 1 the forward goes through megatron-core's pipeline schedule: it allocates on
+    CUDA (no cpu tier) and sends activations point to point, which gloo cannot do with CUDA
+    tensors (seen on the H200, tier gpu-shared: ``writev ... Bad address``). Only tier gpu
+    (NCCL) measures logits at pp > 1."""
+    return spec.topo.pp == 1 or spec.tier == "gpu"
 
 
 def save_stage(spec: StageSpec) -> dict:
@@ -40,7 +44,7 @@ def save_stage(spec: StageSpec) -> dict:
     shards = compare.save_reference(model.sharded_state_dict(metadata=metadata), ref_dir, rank)
     if rank == 0:
         (ref_dir / "saved_topology.txt").write_text(spec.topology)
-    if _runs_logits(spec):
+    if _measures_logits(spec):  # every rank takes part; the rank holding the logits saves
         logits = measure_logits(model, spec.model_size, spec.tier, device())
         if logits is not None:
             save_logits(logits, ref_dir, "saved_model")
@@ -48,7 +52,7 @@ def save_stage(spec: StageSpec) -> dict:
     inject.point("before_save")
     save_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.validate_sharding)
     clock.lap("save")
-    if _runs_logits(spec) and _reload_keeps_state(spec):
+    if _measures_logits(spec) and _reload_keeps_state(spec):
         # The checkpoint's own logits at the save topology: what every reshard must reproduce.
         # They differ from the saved model's where its replicas disagreed (see verify figures).
         load_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.strict_load,
@@ -101,13 +105,16 @@ def load_stage(spec: StageSpec) -> dict:
         "missing": list(getattr(result, "missing_keys", []))[:20],
         "unexpected": list(getattr(result, "unexpected_keys", []))[:20],
     }
-    saved_pp = _saved_pp(ref_dir)
-    if _runs_logits(spec, saved_pp) and (ref_dir / "logits_checkpoint.pt").exists():
+    if not _measures_logits(spec):
+        verify["logits_skipped"] = (f"pipeline parallel (pp > 1) on tier {spec.tier}: megatron-core's "
+                                    "pipeline schedule needs CUDA and NCCL point-to-point")
+    elif (ref_dir / "logits_checkpoint.pt").exists():
         logits = measure_logits(model, spec.model_size, spec.tier, device())
-        if logits is not None:
-            verify.update(logits_figures(logits, ref_dir))
-    elif not _runs_logits(spec, saved_pp):
-        verify["logits_skipped"] = "pipeline parallel (pp > 1) on the save or load side"
+        figures = logits_figures(logits, ref_dir) if logits is not None else None
+        # The logits live on one rank (tp 0, dp 0 of the last pipeline stage); rank 0 reports.
+        gathered = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, figures)
+        verify.update(next((f for f in gathered if f), {}))
     else:
         verify["logits_skipped"] = ("no reference logits for this checkpoint (unpatched "
                                     "TEGroupedMLP reload drops amax, or a golden checkpoint)")
@@ -142,12 +149,6 @@ def _state_logits_effect(model, spec: StageSpec, metadata, reference) -> dict | 
         "logits": got.numel(),
         "nvfp4_rel_max_abs": None if not scale else round(diff / scale, 6),
     }
-
-
-def _saved_pp(ref_dir: Path) -> int:
-    from harness.topology.topology import Topology
-
-    return Topology.parse((ref_dir / "saved_topology.txt").read_text()).pp
 
 
 def _record_sharding_stage(spec: StageSpec) -> dict:
