@@ -77,6 +77,8 @@ class CellRecord:
     first_failure_rank: int | None = None
     secondary_errors: list[str] = field(default_factory=list)
     durations: dict = field(default_factory=dict)
+    # Per stage: peak host RSS and GPU memory, the largest rank and the sum over ranks (MiB).
+    memory: dict = field(default_factory=dict)
     verify: dict = field(default_factory=dict)
     reason: str | None = None
     teardown_s: float | None = None

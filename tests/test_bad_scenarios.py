@@ -87,6 +87,9 @@ BAD = [  # id, file body, damage to the golden copy, words the one line must hol
      ["model.hidden_sise: unknown key", "did you mean 'hidden_size'?"]),
     ("model-value", CPU + SAVES + '[model]\nnum_experts = "8"\n', None,
      ["model.num_experts: expected an integer, got string '8'"]),
+    ("pp2-save-on-cpu", CPU + 'saves = ["tp1-etp1-ep2-pp2"]\n', None,
+     ["saves[0]: tp1-etp1-ep2-pp2: a save at pp > 1", "receive buffers on CUDA",
+      "tiers gpu-shared and gpu only"]),
     ("no-cells", CPU + 'loads = ["tp1-etp1-ep1"]\n', None, ["saves: required", "no cells"]),
     ("saves-and-goldens", GOLDEN_BODY + SAVES, None, ["either saves or goldens"]),
     ("golden-missing", GOLDEN_BODY.replace(GOLDEN, "no-such-golden"), None,
@@ -194,3 +197,13 @@ def test_pytest_collects_the_good_cells_and_one_error_item_per_bad_file(tmp_path
     assert "1 error" in r.stdout and "Traceback" not in r.stdout, r.stdout
     assert f"{d / 'bad.toml'}: tier: 'tpu' is not one of cpu, gpu-shared, gpu" in r.stdout, r.stdout
     assert not results.exists() or not any(results.iterdir())
+
+
+def test_pp2_save_is_a_cell_on_gpu_shared(tmp_path):
+    """Tier gpu-shared sends pipeline activations through host memory (harness/model/host_p2p.py),
+    so a pp > 1 save is a valid cell there; only the cpu tier refuses it."""
+    path = tmp_path / "pp2.toml"
+    path.write_text('tier = "gpu-shared"\nbackend = "te"\nsaves = ["tp1-etp1-ep2-pp2"]\n'
+                    'loads = ["tp1-etp1-ep2"]\n')
+    scenario = load_scenario(path)
+    assert [t.id for t in scenario.saves] == ["tp1-etp1-ep2-pp2"]

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from harness.model import host_p2p
 from harness.topology.topology import Topology
 
 
@@ -44,6 +45,9 @@ def transformer_config(topo: Topology, size: ModelSize, backend: str):
     from megatron.core.transformer import TransformerConfig
 
     on_gpu = torch.cuda.is_available()
+    host_staged = topo.pp > 1 and host_p2p.needs_host_staging()
+    if host_staged:
+        host_p2p.install()
     return TransformerConfig(
         num_layers=size.num_layers,
         hidden_size=size.hidden_size,
@@ -69,6 +73,8 @@ def transformer_config(topo: Topology, size: ModelSize, backend: str):
         params_dtype=torch.bfloat16 if on_gpu else torch.float32,
         pipeline_dtype=torch.bfloat16 if on_gpu else torch.float32,
         use_cpu_initialization=not on_gpu,
+        # gloo ranks on a GPU (tier gpu-shared): pipeline sends go through host memory.
+        use_ring_exchange_p2p=host_staged,
         gradient_accumulation_fusion=False,
         add_bias_linear=False,
         gated_linear_unit=False,

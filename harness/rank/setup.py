@@ -53,6 +53,17 @@ class Clock:
         self.t = now
 
 
+def peak_memory() -> dict:
+    """This rank's peak host RSS and, on a GPU, the peak memory its CUDA caching allocator
+    reserved (the CUDA context itself, a few hundred MiB per process, is not included)."""
+    import resource
+
+    out = {"rss_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if torch.cuda.is_available():
+        out["gpu_peak_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+    return out
+
+
 def prepare_rank(spec: StageSpec, clock: Clock):
     """Imports, patch, process groups, model: the part both stages share."""
     if spec.tier == "cpu":

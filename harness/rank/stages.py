@@ -19,16 +19,15 @@ from harness.model.checkpoint import (
     save_checkpoint,
     sharded_metadata,
 )
-from harness.rank.setup import Clock, device, prepare_rank
+from harness.rank.setup import Clock, device, peak_memory, prepare_rank
 from harness.rank.spec import StageSpec
 
 
 def _measures_logits(spec: StageSpec) -> bool:
-    """At pp > 1 the forward goes through megatron-core's pipeline schedule: it allocates on
-    CUDA (no cpu tier) and sends activations point to point, which gloo cannot do with CUDA
-    tensors (seen on the H200, tier gpu-shared: ``writev ... Bad address``). Only tier gpu
-    (NCCL) measures logits at pp > 1."""
-    return spec.topo.pp == 1 or spec.tier == "gpu"
+    """At pp > 1 the forward goes through megatron-core's pipeline schedule, which allocates its
+    receive buffers on CUDA: no logits at pp > 1 on the cpu tier. Tier gpu-shared sends the
+    activations through host memory (harness/model/host_p2p.py), tier gpu through NCCL."""
+    return spec.topo.pp == 1 or spec.tier != "cpu"
 
 
 def save_stage(spec: StageSpec) -> dict:
@@ -61,7 +60,7 @@ def save_stage(spec: StageSpec) -> dict:
         if logits is not None:
             save_logits(logits, ref_dir, "checkpoint")
         clock.lap("reference_reload")
-    return {"durations": clock.durations, "reference_shards": shards}
+    return {"durations": clock.durations, "memory": peak_memory(), "reference_shards": shards}
 
 
 def _reload_keeps_state(spec: StageSpec) -> bool:
@@ -106,8 +105,8 @@ def load_stage(spec: StageSpec) -> dict:
         "unexpected": list(getattr(result, "unexpected_keys", []))[:20],
     }
     if not _measures_logits(spec):
-        verify["logits_skipped"] = (f"pipeline parallel (pp > 1) on tier {spec.tier}: megatron-core's "
-                                    "pipeline schedule needs CUDA and NCCL point-to-point")
+        verify["logits_skipped"] = ("pipeline parallel (pp > 1) on tier cpu: megatron-core's "
+                                    "pipeline schedule allocates its receive buffers on CUDA")
     elif (ref_dir / "logits_checkpoint.pt").exists():
         logits = measure_logits(model, spec.model_size, spec.tier, device())
         figures = logits_figures(logits, ref_dir) if logits is not None else None
@@ -121,7 +120,7 @@ def load_stage(spec: StageSpec) -> dict:
         if verify.get("mismatch_count"):
             verify["logits_effect"] = _state_logits_effect(model, spec, metadata, reference)
     clock.lap("verify")
-    return {"durations": clock.durations, "verify": verify}
+    return {"durations": clock.durations, "memory": peak_memory(), "verify": verify}
 
 
 def _state_logits_effect(model, spec: StageSpec, metadata, reference) -> dict | None:

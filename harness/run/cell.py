@@ -153,6 +153,12 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
 def _note_durations(rec: CellRecord, which: str, stage: StageResult) -> None:
     rec.durations[f"{which}_stage"] = stage.wall_s
     rec.durations.update({f"{which}.{k}": v for k, v in stage.rank0.get("durations", {}).items()})
+    peaks = [r["memory"] for r in stage.rank_results.values() if r.get("memory")]
+    if peaks:
+        rec.memory[which] = {"ranks": len(peaks)}
+        for key in sorted({k for p in peaks for k in p}):
+            values = [p[key] for p in peaks if key in p]
+            rec.memory[which].update({f"{key}_max": max(values), f"{key}_sum": round(sum(values), 1)})
 
 
 def _finish(rec: CellRecord, cell: Cell, run_dir: Path) -> CellRecord:

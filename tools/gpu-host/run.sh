@@ -11,13 +11,26 @@
 #   routing    the Nano cell + a passing tp4-etp1-ep8 load, router selections compared
 #   matrix     the decisive cells per modelopt version (MATRIX_VERSIONS), wheels carried
 #   record-next  metadata recordings under a later release (RECORD_VERSION)
+#   pipeline   pp2 saves and loads at 128 experts, patched and unpatched (gpu-pipeline*)
+#   shape-nano, shape-ultra  the quarantined jobs at their production parallel shapes (8/16 ranks)
+#   profile    where a rank's import time goes (bench/import_profile.py), 1 and 8 at once
 set -uo pipefail
 source /root/gw/base/env.sh
 export HARNESS_PYTHON=system PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 R=results
 H="python3 -m harness --results-root $R"
+# GPU memory in use (all processes, CUDA contexts included), once a second, for the whole call
+nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 > "$OUT/gpu-memory-$1.csv" 2>/dev/null &
+SMI=$!
+trap 'kill $SMI 2>/dev/null' EXIT
 case "$1" in
+  pipeline) $H run --label pipeline --jobs 4 --scenario gpu-pipeline --scenario gpu-pipeline-witness ;;
+  shape-nano) $H run --label shape-nano --jobs 2 --scenario gpu-nano-shape --scenario gpu-nano-shape-witness ;;
+  shape-ultra) $H run --label shape-ultra --jobs 2 --scenario gpu-ultra-shape --scenario gpu-ultra-shape-witness ;;
+  profile)
+    python3 bench/import_profile.py --repeats 2 --json "$OUT/import-profile.json"
+    python3 bench/import_profile.py --repeats 1 --concurrent 8 --json "$OUT/import-profile-x8.json" ;;
   smoke)
     python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tail -25
     $H run --label smoke --jobs 5 --scenario gpu-witness --scenario gpu-fix \
