@@ -149,7 +149,12 @@ def forward(model, batch: dict) -> torch.Tensor | None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def step(data_iterator, m):
-            return m(**next(data_iterator)), None  # no loss: the schedule keeps the output
+            out = m(**next(data_iterator))
+            # Under autocast a stage's output is fp32; the next stage receives into a buffer of
+            # the config's pipeline_dtype, so send that dtype (Float16Module's role in training).
+            if not ps.is_pipeline_last_stage():
+                out = out.to(m.config.pipeline_dtype)
+            return out, None  # no loss: the schedule keeps the output
 
         b, s = batch["input_ids"].shape
         out = get_forward_backward_func()(
