@@ -46,6 +46,10 @@ def cmd_run(args) -> int:
         print(f"no cell matches scenario {args.scenario} / cells {args.cells}; "
               "see scenarios/*.toml", file=sys.stderr)
         return 2
+    if args.stage_mode:  # read by harness/launch/pool.py stage_mode(), the one place
+        import os
+
+        os.environ["HARNESS_STAGE_MODE"] = args.stage_mode
     doc = run_cells(cells, Path(args.results_root), label=args.label, jobs=args.jobs)
     from harness.run.results import exit_code
 
@@ -148,6 +152,7 @@ def cmd_matrix(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.launch.pool import STAGE_MODES
     from harness.launch.torchrun import interrupt_on_signals
 
     _quiet()
@@ -169,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--jobs", type=bounded_int(1, 64), default=1,
                    help="cells run at once in each phase (1..64)")
     r.add_argument("--label", default="run", help="suffix of the results/<run-id> folder")
+    r.add_argument("--stage-mode", choices=STAGE_MODES, default=None,
+                   help="fresh: one torchrun per stage (default, the reference); pool: warm "
+                        "rank pools reused by stages of one world size (HARNESS_STAGE_MODE)")
     r.set_defaults(fn=cmd_run)
 
     rp = sub.add_parser("repro", help="the main job: reproduce the bug and check the fix here")

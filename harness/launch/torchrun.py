@@ -18,6 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -144,41 +145,81 @@ def run_stage(
         raise ValueError(f"{nproc} ranks do not split over {nodes} nodes")
     stage_dir = Path(stage_dir).resolve()
     if _SHUTDOWN.is_set():  # the run was interrupted: start nothing new
-        return StageRun(stage=stage, ok=False, returncode=None, wall_s=0.0, timed_out=False,
-                        cause=None, secondaries=[], rank_results={}, stage_dir=stage_dir,
-                        teardown_s=None, leftovers=[], interrupted=shutdown_signal())
+        return not_started(stage, stage_dir)
+    make_stage_dirs(stage_dir)
+    t0 = time.time()
+    env = stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env)
+    if nodes > 1:
+        proc = _start_agents(stage, stage_dir, nproc, nodes, rank_module, rank_args, python, env)
+    else:
+        proc = start_torchrun(nproc, rank_module, rank_args, stage_dir / "torchrun.log", env, python)
+    after = (lambda: _join_agent_logs(stage_dir, nodes)) if nodes > 1 else None
+    return supervise(stage, stage_dir, proc, t0, timeout_s, grace_s, before_collect=after)
+
+
+def not_started(stage: str, stage_dir: Path) -> StageRun:
+    """The record of a stage the interrupted controller did not start."""
+    return StageRun(stage=stage, ok=False, returncode=None, wall_s=0.0, timed_out=False,
+                    cause=None, secondaries=[], rank_results={}, stage_dir=stage_dir,
+                    teardown_s=None, leftovers=[], interrupted=shutdown_signal())
+
+
+def make_stage_dirs(stage_dir: Path) -> None:
     for sub in ("logs", "errors", "stacks", "ranks"):
         (stage_dir / sub).mkdir(parents=True, exist_ok=True)
+
+
+def start_torchrun(nproc: int, rank_module: str, rank_args: list[str], log_path: Path, env: dict,
+                   python: str = sys.executable) -> subprocess.Popen:
+    """One single-node torchrun in a session of its own, its output in ``log_path``."""
     cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--max-restarts", "0",
            "-m", rank_module, *rank_args]
-    t0 = time.time()
-    if nodes > 1:
-        proc = _start_agents(stage, stage_dir, nproc, nodes, rank_module, rank_args, python,
-                             stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env))
-    else:
-        with open(stage_dir / "torchrun.log", "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env),
-                                    cwd=REPO_ROOT)
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=env, cwd=REPO_ROOT)
+
+
+def supervise(stage: str, stage_dir: Path, proc, t0: float, timeout_s: float, grace_s: float, *,
+              done: Callable[[], bool] | None = None,
+              before_collect: Callable[[], None] | None = None) -> StageRun:
+    """Watch one stage of ``proc`` to its end and build its StageRun.
+
+    Without ``done`` the stage ends with torchrun, which is then torn down. With ``done`` (a
+    warm rank pool, harness/launch/pool.py) it also ends when ``done()`` says every rank has
+    finished; a clean such end leaves torchrun running, anything else kills its session.
+    """
     w = _Watch()
-    timed_out = False
+    timed_out = finished = False
     try:
-        timed_out = _watch(proc, stage_dir, w, t0, timeout_s, grace_s)
+        timed_out = _watch(proc, stage_dir, w, t0, timeout_s, grace_s, done)
+        finished = (done is not None and not timed_out and w.first_failure_at is None
+                    and proc.poll() is None and done())
     finally:
-        _kill_session(proc, w, grace_s=0.0 if timed_out else 1.0)
+        if not finished:
+            _kill_session(proc, w, grace_s=0.0 if timed_out else 1.0)
     all_gone = time.time()
-    leftovers = _reap_leftovers(_agent_pids(proc), w)
-    if nodes > 1:
-        _join_agent_logs(stage_dir, nodes)
+    leftovers = [] if finished else _reap_leftovers(_agent_pids(proc), w)
+    if before_collect:
+        before_collect()
     return _collect(stage, stage_dir, proc, w, t0, all_gone, timed_out and not w.interrupted,
-                    leftovers)
+                    leftovers, returncode=0 if finished else proc.returncode)
 
 
-def _watch(proc: subprocess.Popen, stage_dir: Path, w: _Watch, t0: float, timeout_s: float, grace_s: float) -> bool:
-    """Poll until torchrun exits; True when the stage timed out."""
+def end_session(proc: subprocess.Popen, grace_s: float) -> list[int]:
+    """Kill torchrun and every rank it started (SIGTERM, ``grace_s``, SIGKILL), then anything
+    left in their sessions; returns the pids that had to be reaped that way."""
+    w = _Watch()
+    _discover(proc, w)
+    _kill_session(proc, w, grace_s)
+    return _reap_leftovers(_agent_pids(proc), w)
+
+
+def _watch(proc: subprocess.Popen, stage_dir: Path, w: _Watch, t0: float, timeout_s: float,
+           grace_s: float, done: Callable[[], bool] | None = None) -> bool:
+    """Poll until torchrun exits (or ``done()``); True when the stage timed out."""
     errors_dir = stage_dir / "errors"
-    while proc.poll() is None:
+    while proc.poll() is None and not (done is not None and done()):
         now = time.time()
         _discover(proc, w)
         _note_deaths(stage_dir, w, now)
@@ -362,7 +403,7 @@ def _gpu_holders(run_pids: set[int], wait_s: float = 5.0) -> list[int]:
 
 
 def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: _Watch, t0: float,
-             all_gone: float, timed_out: bool, leftovers: list[int]) -> StageRun:
+             all_gone: float, timed_out: bool, leftovers: list[int], returncode: int | None) -> StageRun:
     results = _read_jsons(stage_dir / "ranks")
     errors = list(_read_jsons(stage_dir / "errors").values())
     tr_log = (stage_dir / "torchrun.log").read_text(errors="replace")
@@ -379,14 +420,14 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: _Watch, t0:
             signalled=pid in by_elastic, log_tail=_tail(stage_dir / "logs" / f"rank{rank}.log"),
             stack=_tail(stage_dir / "stacks" / f"rank{rank}.txt", 20000),
         ))
-    failed = proc.returncode != 0 or timed_out or bool(errors) or bool(w.interrupted)
+    failed = returncode != 0 or timed_out or bool(errors) or bool(w.interrupted)
     classify = failed and not w.interrupted  # an interrupted stage has no product failure to name
     cause, secondaries = F.classify(stage, errors, exits, timed_out=timed_out) if classify else (None, [])
     first = w.first_failure_at
     if first is None and failed:
         first = min((f.time for f in [cause, *secondaries] if f and f.time), default=None)
     return StageRun(
-        stage=stage, ok=not failed, returncode=proc.returncode, wall_s=all_gone - t0,
+        stage=stage, ok=not failed, returncode=returncode, wall_s=all_gone - t0,
         timed_out=timed_out, cause=cause, secondaries=secondaries, rank_results=results,
         stage_dir=stage_dir, teardown_s=(all_gone - first) if first else None, leftovers=leftovers,
         first_failure_at=first, all_gone_at=all_gone, interrupted=w.interrupted,

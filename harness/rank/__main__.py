@@ -6,17 +6,14 @@ which re-imports the main module.
 from __future__ import annotations
 
 import sys
-import warnings
 
 
 def main(argv: list[str]) -> None:
     from harness.rank.guard import rank_main
     from harness.rank.spec import StageSpec
-    from harness.rank.stages import STAGES
+    from harness.rank.stages import STAGES, configure_warnings
 
-    warnings.filterwarnings("ignore", category=UserWarning)  # megatron / TE import noise
-    # ...but never the fix's back-compat notices (harness/fix/legacy_load.py), which name experts.
-    warnings.filterwarnings("always", message="moe-ckpt-fix")
+    configure_warnings()
     spec = StageSpec.read(argv[0])
     rank_main(spec.stage, lambda: STAGES[spec.stage](spec))
 

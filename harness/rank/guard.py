@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from harness.jsonfile import write_json_atomic
 
@@ -62,26 +62,31 @@ def _redirect_output(log: Path) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def _arm_stack_dumps(rank: int) -> None:
+def _arm_stack_dumps(rank: int, stacks_dir: Path | None = None, limit_s: float | None = None) -> None:
     """SIGUSR1 and SIGTERM -> stack dump; also dump shortly before the controller's hard limit.
 
     The file starts with ``pid <n>``: its existence tells the controller the handler is in
-    place (SIGUSR1 would otherwise kill the rank) and which pid to signal.
+    place (SIGUSR1 would otherwise kill the rank) and which pid to signal. Re-arming (the warm
+    pool, harness/rank/serve.py, once per stage) points the handlers at the new file, cancels
+    the previous timer and closes the previous file.
     """
-    path = _stage_dir() / "stacks" / f"rank{rank}.txt"
+    path = (stacks_dir or _stage_dir() / "stacks") / f"rank{rank}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "w", buffering=1)  # kept open for the life of the process
+    f = open(path, "w", buffering=1)  # kept open until the next re-arm (or the process ends)
     f.write(f"pid {os.getpid()}\n")
     f.flush()
+    faulthandler.cancel_dump_traceback_later()
     faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
     # torchrun's teardown SIGTERM: dump where we were, then die by SIGTERM as before (chain)
     faulthandler.register(signal.SIGTERM, file=f, all_threads=True, chain=True)
-    limit = os.environ.get("HARNESS_STAGE_TIMEOUT_S")
-    if limit:
-        faulthandler.dump_traceback_later(
-            max(1.0, float(limit) - STACK_DUMP_LEAD_S), repeat=False, file=f
-        )
+    if limit_s is None and os.environ.get("HARNESS_STAGE_TIMEOUT_S"):
+        limit_s = float(os.environ["HARNESS_STAGE_TIMEOUT_S"])
+    if limit_s:
+        faulthandler.dump_traceback_later(max(1.0, limit_s - STACK_DUMP_LEAD_S), repeat=False, file=f)
+    previous = getattr(_arm_stack_dumps, "file", None)
     _arm_stack_dumps.file = f  # keep a reference so it is not closed
+    if previous is not None:
+        previous.close()
 
 
 def abort_process_group() -> None:
@@ -98,7 +103,8 @@ def abort_process_group() -> None:
         print(f"[rank_guard] abort failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
-def _destroy_process_group() -> None:
+def destroy_process_group() -> None:
+    """The clean end of a rank whose peers all finished too (no collective is pending)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -118,33 +124,49 @@ def error_record(stage: str, rank: int, exc: BaseException) -> dict:
     }
 
 
+def enter_stage(rank: int, stage_dir: Path, limit_s: float | None = None) -> None:
+    """Point this rank's output and stack dumps at ``stage_dir`` (once per stage)."""
+    _redirect_output(stage_dir / "logs" / f"rank{rank}.log")
+    _arm_stack_dumps(rank, stage_dir / "stacks", limit_s)
+    for k, v in nccl_env().items():  # harmless on gloo; read when an NCCL group is built
+        os.environ.setdefault(k, v)
+
+
+def fail(stage: str, rank: int, stage_dir: Path, exc: BaseException) -> NoReturn:
+    """This rank's error file (time of the exception), then abort every group and leave."""
+    rec = error_record(stage, rank, exc)
+    try:
+        write_json_atomic(stage_dir / "errors" / f"rank{rank}.json", rec)
+    finally:
+        print(rec["traceback"], file=sys.stderr, flush=True)
+        abort_process_group()
+        os._exit(1)
+
+
+def guarded(stage: str, rank: int, stage_dir: Path, fn: Callable[[], Any]) -> Any:
+    """``fn()``; any exception (SystemExit and KeyboardInterrupt too) is this rank's failure."""
+    try:
+        return fn()
+    except BaseException as exc:  # noqa: BLE001 - recorded, then the process leaves
+        fail(stage, rank, stage_dir, exc)
+
+
+def write_result(rank: int, stage_dir: Path, result: dict | None) -> None:
+    write_json_atomic(stage_dir / "ranks" / f"rank{rank}.json", dict(result or {}))
+
+
+def leave(code: int = 0) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def rank_main(stage: str, body: Callable[[], dict]) -> NoReturn:
     """Run one rank's stage body under the guard; never returns."""
     rank = _rank()
     sd = _stage_dir()
-    _redirect_output(sd / "logs" / f"rank{rank}.log")
-    _arm_stack_dumps(rank)
-    for k, v in nccl_env().items():  # harmless on gloo; read when an NCCL group is built
-        os.environ.setdefault(k, v)
-    try:
-        result = body()
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt count as failures too
-        rec = error_record(stage, rank, exc)
-        try:
-            write_json_atomic(sd / "errors" / f"rank{rank}.json", rec)
-        finally:
-            print(rec["traceback"], file=sys.stderr, flush=True)
-            abort_process_group()
-            os._exit(1)
-    try:
-        write_json_atomic(sd / "ranks" / f"rank{rank}.json", dict(result or {}))
-        _destroy_process_group()
-    except BaseException as exc:  # noqa: BLE001 - a failing teardown is still this rank's error
-        rec = error_record(stage, rank, exc)
-        write_json_atomic(sd / "errors" / f"rank{rank}.json", rec)
-        print(rec["traceback"], file=sys.stderr, flush=True)
-        abort_process_group()
-        os._exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    enter_stage(rank, sd)
+    result = guarded(stage, rank, sd, body)
+    # a failing teardown is still this rank's error
+    guarded(stage, rank, sd, lambda: (write_result(rank, sd, result), destroy_process_group()))
+    leave(0)

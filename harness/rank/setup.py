@@ -20,7 +20,8 @@ def backend_for(tier: str) -> str:
 
 
 def init_rank(topo: Topology, tier: str, pg_timeout_s: float) -> int:
-    """Join the job's process group and build megatron's parallel groups for ``topo``."""
+    """Join the job's process group (unless this process already has, in a warm rank pool)
+    and build megatron's parallel groups for ``topo`` (every stage)."""
     from megatron.core import parallel_state as ps
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -29,9 +30,14 @@ def init_rank(topo: Topology, tier: str, pg_timeout_s: float) -> int:
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", rank))
         torch.cuda.set_device(local % torch.cuda.device_count())
-    dist.init_process_group(
-        backend=backend_for(tier), timeout=timedelta(seconds=pg_timeout_s)
-    )
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend_for(tier), timeout=timedelta(seconds=pg_timeout_s)
+        )
+    elif dist.get_world_size() != world or dist.get_backend() != backend_for(tier):
+        # a warm rank pool (harness/rank/serve.py) keeps its default group between stages
+        raise RuntimeError(f"the process group joined earlier ({dist.get_world_size()} ranks, "
+                           f"{dist.get_backend()}) does not fit {topo.id} on tier {tier}")
     ps.initialize_model_parallel(
         tensor_model_parallel_size=topo.tp,
         pipeline_model_parallel_size=topo.pp,

@@ -157,3 +157,10 @@ def _record_sharding_stage(spec: StageSpec) -> dict:
 
 
 STAGES = {"save": save_stage, "load": load_stage, "dump-metadata": _record_sharding_stage}
+
+
+def configure_warnings() -> None:
+    """The warning filters every stage runs under (``harness.rank`` and the warm pool alike)."""
+    warnings.filterwarnings("ignore", category=UserWarning)  # megatron / TE import noise
+    # ...but never the fix's back-compat notices (harness/fix/legacy_load.py), which name experts.
+    warnings.filterwarnings("always", message="moe-ckpt-fix")

@@ -1,4 +1,5 @@
-"""Run one cell: a save torchrun (shared by every cell with the same save), then a load torchrun.
+"""Run one cell: a save stage (shared by every cell with the same save), then a load stage;
+each a torchrun of its own, or a job of a warm rank pool (HARNESS_STAGE_MODE=pool).
 
 Each stage comes back as a typed StageResult (harness/records.py); harness/check/judge.py turns
 them into the cell's record, judged under the ModelOpt that the ranks imported.
@@ -12,6 +13,7 @@ from pathlib import Path
 from harness.check import judge
 from harness.check.versions import behaviour_for, installed_modelopt
 from harness.jsonfile import read_json, write_json_atomic
+from harness.launch.pool import POOLS, PoolKey, stage_mode
 from harness.launch.torchrun import run_stage, shutdown_signal
 from harness.paths import GOLDEN_DIR, safe_name
 from harness.rank.spec import StageSpec
@@ -92,11 +94,16 @@ def _runtime_layout() -> str:
 
 
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
+    """THE place a stage starts: a fresh torchrun, or a warm rank pool (HARNESS_STAGE_MODE)."""
     spec_path = spec.write(stage_dir / "spec.json")
-    run = run_stage(
-        spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
-        timeout_s=cell.scenario.stage_timeout_s, env=_tier_env(spec.tier),
-    )
+    timeout_s, env = cell.scenario.stage_timeout_s, _tier_env(spec.tier)
+    if stage_mode() == "pool":
+        # pools live in the run directory: every stage's checkpoint is <run>/saves/<id>/ckpt
+        run_dir = Path(spec.ckpt_dir).parents[2]
+        key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run_dir, env)
+        return POOLS.run(key, spec_path, spec.stage, stage_dir, timeout_s).result()
+    run = run_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
+                    timeout_s=timeout_s, env=env)
     return run.result()
 
 

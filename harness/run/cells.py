@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.scenario.machine import tier_skip_reason, versions
+from harness.launch.pool import POOLS
 from harness.launch.torchrun import shutdown_signal
 from harness.paths import safe_name
 from harness.records import UNEXPECTED_OUTCOMES, CellRecord
@@ -61,9 +62,12 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
                                 time.monotonic() - start) + f"  {cell.id}: {rec.outcome}",
                   file=out, flush=True)
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        list(pool.map(one, [c for c in cells if c.load is None]))
-        list(pool.map(one, [c for c in cells if c.load is not None]))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            list(pool.map(one, [c for c in cells if c.load is None]))
+            list(pool.map(one, [c for c in cells if c.load is not None]))
+    finally:
+        POOLS.close_all()  # warm rank pools (HARNESS_STAGE_MODE=pool) never outlive a run
     doc = collect(run_dir, versions(), interrupted=shutdown_signal())
     print(markdown_summary(doc), file=out)
     print(f"results: {run_dir / 'results.json'}", file=out)

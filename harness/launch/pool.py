@@ -1,0 +1,238 @@
+"""Warm rank pool, controller side: consecutive stages of one world size in one torchrun.
+
+Why: a fresh torchrun per stage spends about half of a cpu-tier stage importing torch,
+megatron-core and ModelOpt (issue 14). ``HARNESS_STAGE_MODE=pool`` keeps one torchrun of N
+ranks (harness/rank/serve.py) per key and hands it stage after stage. The fresh torchrun stays
+the default and the reference. A pool stage is watched by the same code as a fresh one
+(torchrun.supervise: error files, rank deaths, timeout with stack dumps, the shutdown signal)
+and comes back as the same StageRun, so judging cannot tell the modes apart except by wall
+time. Any failure, timeout or interrupt kills the pool's whole session; the next stage of that
+key gets a new pool. Single node only: multi-node stages always run fresh.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from harness.jsonfile import write_json_atomic
+from harness.launch.torchrun import (
+    StageRun, end_session, make_stage_dirs, not_started, shutdown_signal, stage_env,
+    start_torchrun, supervise,
+)
+
+STAGE_MODES = ("fresh", "pool")
+# Read by rank code at each stage: sent with every job, not part of a pool's key.
+JOB_ENV = ("HARNESS_INJECT",)
+# The controller's environment that a rank reads at start: a pool's key holds it.
+_KEY_ENV_PREFIXES = ("HARNESS_", "TORCH_", "NCCL_", "CUDA_", "MOE_CKPT_", "OMP_", "PYTHONPATH")
+_NOT_KEY = {*JOB_ENV, "HARNESS_STAGE_MODE", "HARNESS_STAGE_DIR", "HARNESS_STAGE",
+            "HARNESS_STAGE_TIMEOUT_S"}
+STOP_WAIT_S = 10.0  # a stopped pool's ranks leave in well under a second
+
+
+def stage_mode() -> str:
+    """``HARNESS_STAGE_MODE``: ``fresh`` (default, one torchrun per stage) or ``pool``."""
+    mode = os.environ.get("HARNESS_STAGE_MODE") or "fresh"
+    if mode not in STAGE_MODES:
+        raise ValueError(f"HARNESS_STAGE_MODE={mode!r}: want one of {STAGE_MODES}")
+    return mode
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """Stages a pool may run: same world, tier, patch (the fix cannot be undone), backend,
+    rank environment, and run directory (pools live in ``<root>/pools``)."""
+
+    world: int
+    tier: str
+    patch: str
+    backend: str
+    root: str
+    env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, world: int, tier: str, patch: str, backend: str, root: Path,
+           extra_env: dict | None = None) -> "PoolKey":
+        env = {k: v for k, v in os.environ.items() if k.startswith(_KEY_ENV_PREFIXES)}
+        env.update({k: str(v) for k, v in (extra_env or {}).items()})
+        return cls(world, tier, patch, backend, str(Path(root).resolve()),
+                   tuple(sorted((k, v) for k, v in env.items() if k not in _NOT_KEY)))
+
+
+class RankPool:
+    """One torchrun of ``key.world`` ranks running ``harness.rank.serve`` in ``pool_dir``."""
+
+    def __init__(self, key: PoolKey, pool_dir: Path, *, grace_s: float = 3.0,
+                 pg_timeout_s: float | None = None, python: str = sys.executable):
+        self.key, self.dir, self.grace_s = key, Path(pool_dir).resolve(), grace_s
+        self.pg_timeout_s, self.python = pg_timeout_s, python
+        self.proc = None
+        self.seq = 0
+        self.dead = False
+        self.started_at: float | None = None
+
+    def start(self) -> "RankPool":
+        for sub in ("jobs", "done", "logs", "stacks", "errors"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        env = stage_env("pool", self.dir, 0, self.pg_timeout_s, dict(self.key.env))
+        env.pop("HARNESS_STAGE_TIMEOUT_S")  # per job (serve.py arms its stack-dump timer)
+        env.update(HARNESS_POOL_DIR=str(self.dir), HARNESS_POOL_OWNER=str(os.getpid()),
+                   HARNESS_POOL_TIER=self.key.tier, HARNESS_POOL_PATCH=self.key.patch)
+        self.started_at = time.time()
+        self.proc = start_torchrun(self.key.world, "harness.rank.serve", [str(self.dir)],
+                                   self.dir / "torchrun.log", env, self.python)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead and self.proc is not None and self.proc.poll() is None
+
+    def run(self, spec_path: Path, stage: str, stage_dir: Path, timeout_s: float,
+            job_env: dict | None = None) -> StageRun:
+        """Run one stage on the pool; the pool is dead afterwards unless the stage passed."""
+        stage_dir = Path(stage_dir).resolve()
+        if shutdown_signal():
+            return not_started(stage, stage_dir)
+        make_stage_dirs(stage_dir)
+        self.seq += 1
+        seq = self.seq
+        # the first stage's clock starts with torchrun, as a fresh stage's does
+        t0 = self.started_at if seq == 1 else time.time()
+        env = {k: (job_env or {}).get(k, os.environ.get(k)) for k in JOB_ENV}
+        write_json_atomic(self.dir / "jobs" / f"{seq}.json", {
+            "seq": seq, "stage": stage, "spec": str(Path(spec_path).resolve()),
+            "stage_dir": str(stage_dir), "deadline": t0 + timeout_s, "env": env})
+        done_files = [self.dir / "done" / f"{seq}.rank{r}" for r in range(self.key.world)]
+        try:
+            run = supervise(stage, stage_dir, self.proc, t0, timeout_s, self.grace_s,
+                            done=lambda: all(p.exists() for p in done_files),
+                            before_collect=lambda: self._copy_log(stage_dir))
+        except BaseException:
+            self.kill()
+            raise
+        if not run.ok:
+            self.dead = True  # supervise killed its session already
+        return run
+
+    def _copy_log(self, stage_dir: Path) -> None:
+        """torchrun's own output, where failures.py reads it for a fresh stage."""
+        try:
+            shutil.copyfile(self.dir / "torchrun.log", stage_dir / "torchrun.log")
+        except OSError:
+            (stage_dir / "torchrun.log").write_text("")
+
+    def kill(self) -> list[int]:
+        """Kill the pool's session, then any process that still has this pool in its
+        environment (a rank torchrun left behind, a rank's Manager child)."""
+        self.dead = True
+        left = end_session(self.proc, grace_s=0.0) if self.proc is not None else []
+        strays = pool_processes(self.dir)
+        for p in strays:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(strays, timeout=5)
+        return sorted({*left, *(p.pid for p in strays)})
+
+    def close(self) -> list[int]:
+        """Ask the ranks to leave (a ``stop`` job), kill whatever is left after STOP_WAIT_S."""
+        if self.proc is None:
+            return []
+        if self.alive and not shutdown_signal():
+            self.seq += 1
+            write_json_atomic(self.dir / "jobs" / f"{self.seq}.json", {"seq": self.seq, "stop": True})
+            try:
+                self.proc.wait(timeout=STOP_WAIT_S)
+            except Exception:  # noqa: BLE001 - TimeoutExpired: killed below
+                pass
+        return self.kill()  # reaps the session (a rank's Manager child, a stuck rank)
+
+
+class PoolSet:
+    """Idle pools by key: a stage takes one (or starts one), gives it back when it passed.
+
+    Off the cpu tier ranks hold GPU memory, so starting a pool first closes the idle ones of
+    other keys there. ``close_all`` at the end of every run (run/cells.py) and at exit."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle: dict[PoolKey, list[RankPool]] = {}
+        self._busy: set[RankPool] = set()
+        self.started = 0  # torchrun starts, for tests and the bench
+        self.stages = 0
+
+    def run(self, key: PoolKey, spec_path: Path, stage: str, stage_dir: Path, timeout_s: float,
+            job_env: dict | None = None) -> StageRun:
+        if shutdown_signal():
+            return not_started(stage, Path(stage_dir).resolve())
+        pool = self._take(key)
+        try:
+            return pool.run(spec_path, stage, stage_dir, timeout_s, job_env)
+        finally:
+            self._give_back(pool)
+
+    def _take(self, key: PoolKey) -> RankPool:
+        stale = []
+        with self._lock:
+            self.stages += 1
+            idle = self._idle.get(key, [])
+            pool = next((p for p in idle if p.alive), None)
+            stale = [p for p in idle if p is not pool]
+            self._idle[key] = []
+            if pool is None and key.tier != "cpu":
+                stale += [p for k, ps in self._idle.items() for p in ps]
+                self._idle = {}
+            if pool is None:
+                self.started += 1
+                name = f"w{key.world}-{key.tier}-{key.patch}-{self.started}"
+                pool = RankPool(key, Path(key.root) / "pools" / name)
+            self._busy.add(pool)
+        for p in stale:
+            p.close()
+        if pool.proc is None:
+            try:
+                pool.start()
+            except BaseException:
+                self._give_back(pool)
+                raise
+        return pool
+
+    def _give_back(self, pool: RankPool) -> None:
+        with self._lock:
+            self._busy.discard(pool)
+            if pool.alive:
+                self._idle.setdefault(pool.key, []).append(pool)
+
+    def close_all(self) -> None:
+        """Close every pool, idle or (after an interrupt) still busy; nothing is left running."""
+        with self._lock:
+            pools = [p for ps in self._idle.values() for p in ps] + list(self._busy)
+            self._idle = {}
+        for p in pools:
+            p.close()
+
+
+def pool_processes(pool_dir: Path) -> list[psutil.Process]:
+    """Live processes started for the pool in ``pool_dir`` (it is in their environment)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get("HARNESS_POOL_DIR") == str(pool_dir) \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+POOLS = PoolSet()
+atexit.register(POOLS.close_all)

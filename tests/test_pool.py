@@ -1,0 +1,156 @@
+"""Warm rank pools (HARNESS_STAGE_MODE=pool, issue 14) against the fresh torchrun per stage,
+on the cpu tier with the real stack: the same records, a failure stays in its stage and kills
+only its pool, a timeout kills the pool in bounded time, and no pool process outlives a run."""
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.launch.pool import PoolKey, PoolSet
+from harness.launch.torchrun import run_stage
+from harness.rank.spec import StageSpec
+from harness.run.cells import run_cells, select_cells
+from harness.scenario.scenarios import load_all
+
+pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("pool")]
+
+SAVE = "tp1-etp1-ep2-pp1"
+CELLS = [f"cpu-reshard[save={SAVE},save-only]",
+         f"cpu-reshard[save={SAVE},load=tp1-etp1-ep4-pp1]",
+         f"cpu-reshard[save={SAVE},load=tp1-etp1-ep1-pp1-w2]",
+         f"cpu-reshard[save={SAVE},load=tp1-etp1-ep1-pp2]"]
+SAME = ("outcome", "exception_type", "failing_key", "first_failure_rank")
+
+
+def pool_processes(root: Path) -> list[int]:
+    """Live processes of any pool under ``root`` (the pool dir is in their environment)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if str(root) in p.environ().get("HARNESS_POOL_DIR", "") \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def figures(verify: dict) -> dict:
+    return {k: v for k, v in (verify or {}).items() if "time" not in k and not k.endswith("_s")}
+
+
+def test_pool_mode_gives_the_same_records_and_reuses_pools(tmp_path, monkeypatch):
+    cells = select_cells(load_all(), CELLS)
+    assert len(cells) == len(CELLS)
+    docs = {}
+    for mode in ("fresh", "pool"):
+        monkeypatch.setenv("HARNESS_STAGE_MODE", mode)
+        docs[mode] = {c["cell_id"]: c for c in run_cells(cells, tmp_path / mode, mode, jobs=1)["cells"]}
+    assert sorted(docs["fresh"]) == sorted(docs["pool"]) == sorted(CELLS)
+    for cid, fresh in docs["fresh"].items():
+        pool = docs["pool"][cid]
+        assert {k: pool[k] for k in SAME} == {k: fresh[k] for k in SAME}, cid
+        assert fresh["outcome"] == "pass", (cid, fresh["message"])
+        assert figures(pool["verify"]) == figures(fresh["verify"]), cid
+    run_dir = next((tmp_path / "pool").iterdir())
+    stages = [*run_dir.glob("saves/*/spec.json"), *run_dir.glob("cells/*/load/spec.json")]
+    starts = list(run_dir.glob("pools/*/torchrun.log"))
+    assert len(starts) < len(stages) == 4, (starts, stages)
+    assert not list((tmp_path / "fresh").glob("*/pools")), "fresh mode started a pool"
+    assert pool_processes(tmp_path) == []
+
+
+def spec(root: Path, stage: str, topo: str) -> StageSpec:
+    from harness.model.gpt import CPU_SIZE
+
+    return StageSpec(stage, topo, "cpu", "local", str(root / "save" / "ckpt"),
+                     str(root / "save" / "reference"), size=CPU_SIZE.as_dict())
+
+
+def key(root: Path, world: int) -> PoolKey:
+    return PoolKey.of(world, "cpu", "none", "local", root)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A 2-rank checkpoint saved on a pool; the pool set is closed (and checked) at the end."""
+    root = tmp_path_factory.mktemp("pool")
+    pools = PoolSet()
+    s = spec(root, "save", SAVE)
+    run = pools.run(key(root, 2), s.write(root / "save" / "spec.json"), "save", root / "save", 240)
+    assert run.ok, run.summary()
+    yield root, pools
+    pools.close_all()
+    assert pool_processes(root) == []
+
+
+def load(root: Path, pools: PoolSet, name: str, topo: str, timeout_s: float = 240, inject=None):
+    s = spec(root, "load", topo)
+    path = s.write(root / name / "spec.json")
+    return pools.run(key(root, 2), path, "load", root / name, timeout_s,
+                     job_env={"HARNESS_INJECT": inject})
+
+
+def pool_dir(root: Path, n: int) -> Path:
+    """The n-th pool the set started (the one a stage just ran on, when n = started)."""
+    return root / "pools" / f"w2-cpu-none-{n}"
+
+
+def test_a_failure_names_the_same_cause_and_the_next_stage_gets_a_new_pool(saved):
+    root, pools = saved
+    warm = load(root, pools, "warm", "tp1-etp1-ep1-pp1-w2")  # a warm pool, whatever ran before
+    assert warm.ok, warm.summary()
+    started = pools.started
+    failed = load(root, pools, "fails", "tp1-etp1-ep1-pp1-w2", inject="raise:1:before_load")
+    s = spec(root, "load", "tp1-etp1-ep1-pp1-w2")
+    fresh = run_stage("load", root / "fresh", 2, [str(s.write(root / "fresh" / "spec.json"))],
+                      240, env={"HARNESS_INJECT": "raise:1:before_load"})
+    for r in (failed, fresh):
+        assert not r.ok and not r.timed_out and r.leftovers == [], r.summary()
+        assert (r.cause.rank, r.cause.kind, r.cause.exc_type) == (1, "exception", "RuntimeError"), \
+            r.summary()
+        assert all(x.secondary for x in r.secondaries), r.summary()
+    assert failed.result().cause == fresh.result().cause
+    assert (root / "fails" / "torchrun.log").exists() and (root / "fails" / "errors" / "rank1.json").exists()
+    assert pool_processes(pool_dir(root, started)) == [], "the failed pool left a process"
+    after = load(root, pools, "after", "tp1-etp1-ep1-pp2")
+    assert after.ok, after.summary()
+    assert pools.started == started + 1, "the failed pool was not replaced"
+
+
+def test_a_timeout_kills_the_pool_in_bounded_time(saved):
+    root, pools = saved
+    warm = load(root, pools, "warm2", "tp1-etp1-ep1-pp1-w2")
+    assert warm.ok, warm.summary()
+    started = pools.started
+    limit = 15.0
+    t = time.time()
+    r = load(root, pools, "hangs", "tp1-etp1-ep1-pp1-w2", timeout_s=limit, inject="hang:1:before_load")
+    assert r.timed_out and r.leftovers == [], r.summary()
+    assert (r.cause.rank, r.cause.kind) == (1, "timeout"), r.summary()
+    assert time.time() - t < limit + 10, r.summary()
+    assert "inject.py" in (root / "hangs" / "stacks" / "rank1.txt").read_text()
+    assert pool_processes(pool_dir(root, started)) == []
+    again = load(root, pools, "again", "tp1-etp1-ep1-pp2")
+    assert again.ok and pools.started == started + 1, again.summary()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT])
+def test_an_interrupt_tears_the_pool_down(tmp_path, monkeypatch, sig):
+    """The CLI in pool mode, every rank hung: the signal ends the run in bounded time, the
+    cell is ``interrupted`` and no pool process is left (tests/test_interrupts.py, fresh mode)."""
+    from tests.test_interrupts import TEARDOWN_LIMIT_S, interrupt_a_hung_stage
+
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
+    proc, out, gone_s = interrupt_a_hung_stage(tmp_path, sig)
+    assert proc.returncode == 128 + sig, out
+    assert gone_s < TEARDOWN_LIMIT_S, f"{gone_s:.1f} s from {sig.name} to exit\n{out}"
+    assert pool_processes(tmp_path) == [], "pool ranks outlived the controller"
+    assert list(tmp_path.glob("*-interrupt/pools/*/torchrun.log")), "no pool ran"
+    (cell,) = json.loads(next(tmp_path.glob("*-interrupt/results.json")).read_text())["cells"]
+    assert cell["outcome"] == "interrupted" and cell["failed_stage"] == "save", cell
