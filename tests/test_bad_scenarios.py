@@ -207,3 +207,11 @@ def test_pp2_save_is_a_cell_on_gpu_shared(tmp_path):
                     'loads = ["tp1-etp1-ep2"]\n')
     scenario = load_scenario(path)
     assert [t.id for t in scenario.saves] == ["tp1-etp1-ep2-pp2"]
+
+
+def test_logits_reference_is_one_of_the_known_modes(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(CPU + SAVES + 'logits_reference = "load"\n')
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(path)
+    assert "logits_reference: 'load' is not one of save-topology, load-topology" in str(exc.value)

@@ -32,3 +32,14 @@ def test_megatron_calls_it_through_the_ring_exchange_hook():
     for name in ("tensor_send_prev", "tensor_recv_prev", "tensor_send_next", "tensor_recv_next"):
         assert f"{name}={name}" in src, name
     assert "prev_pipeline_rank=prev_rank" in src and "next_pipeline_rank=next_rank" in src
+
+
+def test_router_records_of_all_stages_reach_every_stage(tmp_path):
+    """At pp > 1 each stage records its own layers' routers; the logits owner (last stage) needs
+    all of them to count routing flips."""
+    r = run_stage("load", tmp_path / "gather", 2, [], 120.0,
+                  rank_module="tests.rank_programs.routing_gather", pg_timeout_s=60.0)
+    assert r.ok and r.cause is None, r.summary()
+    for got in r.rank_results.values():
+        assert got["layers"] == ["layer1", "layer2"], got
+        assert got["values"] == {"layer1": False, "layer2": True}, got

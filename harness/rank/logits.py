@@ -11,7 +11,8 @@ every tensor and amax bit-exact, 0.0 at the same topology). The quantizer state 
 compared bit for bit elsewhere; ``nvfp4`` figures are reported.
 
 With pipeline parallelism the forward goes through megatron-core's schedule (model/gpt.py
-``forward``); router selections are then not recorded (their module names are per stage).
+``forward``); each stage records its own routers, keyed by global layer number, and the stages'
+records are gathered over the pipeline group onto the rank that owns the logits.
 
 Routing: the plain pass also records every MoE router's (token, expert) selection. Top-k routing
 is discontinuous: a bf16-level change in router logits between TP/EP splits can send a token to
@@ -53,16 +54,27 @@ def _gather_logits(local: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _record_routing(model) -> tuple[dict, list]:
-    """Forward hooks on every router: name -> boolean [tokens, experts] selection map."""
+    """Forward hooks on every router: ``layer<global layer number>`` -> boolean [tokens,
+    experts] selection map (the global number names the same router on every pipeline split)."""
     from megatron.core.transformer.moe.router import Router
 
     maps, handles = {}, []
     for name, mod in model.named_modules():
         if isinstance(mod, Router):
-            def hook(_m, _inp, out, name=name):
-                maps[name] = out[1].detach().bool().cpu()
+            key = f"layer{mod.layer_number}" if getattr(mod, "layer_number", None) else name
+            def hook(_m, _inp, out, key=key):
+                maps[key] = out[1].detach().bool().cpu()
             handles.append(mod.register_forward_hook(hook))
     return maps, handles
+
+
+def _routing_of_all_stages(mine: dict) -> dict:
+    """Every pipeline stage's router records, merged (each stage holds only its own layers)."""
+    from megatron.core import parallel_state as ps
+
+    parts = [None] * ps.get_pipeline_model_parallel_world_size()
+    torch.distributed.all_gather_object(parts, mine, group=ps.get_pipeline_model_parallel_group())
+    return {k: v for part in parts for k, v in part.items()}
 
 
 def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch.Tensor] | None:
@@ -70,15 +82,16 @@ def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch
     batch = sample_batch(size, LOGITS_BATCH_SEED, device)
     from megatron.core import parallel_state as ps
 
-    # Router names are local to a pipeline stage: selections are compared at pp 1 only.
-    pipelined = ps.get_pipeline_model_parallel_world_size() > 1
-    routing, handles = ({}, []) if pipelined else _record_routing(model)
+    routing, handles = _record_routing(model)
     try:
         with quantizers_bypassed(model):
-            out = {"plain": _gather_logits(forward(model, batch)), "routing": routing}
+            out = {"plain": _gather_logits(forward(model, batch))}
     finally:
         for h in handles:
             h.remove()
+    if ps.get_pipeline_model_parallel_world_size() > 1:  # every rank takes part
+        routing = _routing_of_all_stages(routing)
+    out["routing"] = routing
     if tier != "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
         out["nvfp4"] = _gather_logits(forward(model, batch))
     return out if out["plain"] is not None else None
@@ -136,3 +149,10 @@ def logits_figures(logits: dict, reference_dir: Path) -> dict:
     out.update(_routing_figures(logits, ref))
     out["logits_plain_vs_saved_model_rel_diff"] = _figures(logits["plain"], saved["plain"])["rel_diff"]
     return out
+
+
+def at_load_topology_figures(loaded: dict, restored: dict) -> dict:
+    """The loaded model's logits against the same model with the saved state written into it
+    (harness/check/logits.py LOGITS_REFERENCES, "load-topology")."""
+    return {mode: _figures(loaded[mode], restored[mode])
+            for mode in ("plain", "nvfp4") if mode in loaded and mode in restored}

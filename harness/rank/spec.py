@@ -25,6 +25,7 @@ class StageSpec:
     singleton_local_shards: bool = True
     strict_load: bool = True  # Megatron-LM's load_checkpoint default
     validate_sharding: bool = True  # megatron-core's default at save and load
+    logits_reference: str = "save-topology"  # harness/check/logits.py LOGITS_REFERENCES
     output: str = ""  # dump-metadata: the JSON file to write
 
     @property

@@ -75,7 +75,7 @@ def _reload_keeps_state(spec: StageSpec) -> bool:
 
 
 def load_stage(spec: StageSpec) -> dict:
-    from harness.rank.logits import logits_figures, measure_logits
+    from harness.rank.logits import at_load_topology_figures, logits_figures, measure_logits
 
     ckpt = Path(spec.ckpt_dir)
     require_checkpoint(ckpt)
@@ -110,6 +110,11 @@ def load_stage(spec: StageSpec) -> dict:
     elif (ref_dir / "logits_checkpoint.pt").exists():
         logits = measure_logits(model, spec.model_size, spec.tier, device())
         figures = logits_figures(logits, ref_dir) if logits is not None else None
+        if spec.logits_reference == "load-topology":  # last: it overwrites the loaded state
+            compare.restore_from_reference(model.sharded_state_dict(metadata=metadata), reference)
+            restored = measure_logits(model, spec.model_size, spec.tier, device())
+            if figures is not None:
+                figures["logits_at_load_topology"] = at_load_topology_figures(logits, restored)
         # The logits live on one rank (tp 0, dp 0 of the last pipeline stage); rank 0 reports.
         gathered = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, figures)

@@ -29,6 +29,7 @@ def _spec(cell: Cell, stage: str, topo, save_dir: Path) -> StageSpec:
         ckpt_dir=str(save_dir / "ckpt"), reference_dir=str(save_dir / "reference"),
         patch=s.patch, size=s.size.as_dict(),
         singleton_local_shards=s.singleton_local_shards, strict_load=s.strict_load,
+        logits_reference=s.logits_reference,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from harness.check.logits import LOGITS_REFERENCES
 from harness.topology import oracle
 from harness.golden.manifest import GoldenError, verify_manifest
 from harness.model.gpt import CPU_SIZE, GPU_SIZE, ModelSize
@@ -69,6 +70,7 @@ class Scenario:
     pairs: tuple[tuple[Topology, Topology], ...] = ()
     singleton_local_shards: bool = True
     strict_load: bool = True
+    logits_reference: str = "save-topology"
     known_gaps: tuple[KnownGap, ...] = ()
     stage_timeout_s: float = 300.0
     markers: tuple[str, ...] = ()
@@ -246,12 +248,14 @@ class _ScenarioSchema(_Schema):
     goldens: list[Name] = []
     singleton_local_shards: bool = True
     strict_load: bool = True
+    logits_reference: Literal[LOGITS_REFERENCES] = "save-topology"
     known_gaps: list[_KnownGapSchema] = []
     stage_timeout_s: Annotated[float, Field(gt=0)] = 300.0
     model: Optional[_SizeSchema] = None
 
 
-_CHOICES = {"tier": TIERS, "backend": BACKENDS, "patch": PATCHES, "expect": EXPECT_MODES}
+_CHOICES = {"tier": TIERS, "backend": BACKENDS, "patch": PATCHES, "expect": EXPECT_MODES,
+            "logits_reference": LOGITS_REFERENCES}
 _TOML_TYPE = {str: "string", bool: "boolean", int: "integer", float: "float", list: "array",
               dict: "table"}
 _WANTED = {"string_type": "a string", "bool_type": "true or false", "int_type": "an integer",
@@ -444,6 +448,7 @@ def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:
         pairs=topos["pairs"],
         singleton_local_shards=doc.singleton_local_shards,
         strict_load=doc.strict_load,
+        logits_reference=doc.logits_reference,
         known_gaps=tuple(KnownGap(g.pattern, g.reason) for g in doc.known_gaps),
         stage_timeout_s=float(doc.stage_timeout_s),
         markers=tuple(doc.markers),
