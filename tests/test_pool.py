@@ -154,3 +154,17 @@ def test_an_interrupt_tears_the_pool_down(tmp_path, monkeypatch, sig):
     assert list(tmp_path.glob("*-interrupt/pools/*/torchrun.log")), "no pool ran"
     (cell,) = json.loads(next(tmp_path.glob("*-interrupt/results.json")).read_text())["cells"]
     assert cell["outcome"] == "interrupted" and cell["failed_stage"] == "save", cell
+
+
+def test_pool_mode_groups_each_phase_by_world_size(monkeypatch):
+    """So each stage finds the pool the previous one left idle; fresh mode keeps file order."""
+    from harness.run.cells import _phase_order
+    from harness.scenario.scenarios import load_all
+
+    loads = [c for s in load_all() if s.name == "cpu-reshard" for c in s.cells() if c.load]
+    assert len({c.load.world_size for c in loads}) > 1
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "fresh")
+    assert _phase_order(loads, "load") == loads
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
+    worlds = [c.load.world_size for c in _phase_order(loads, "load")]
+    assert worlds == sorted(worlds)

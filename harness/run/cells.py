@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.scenario.machine import tier_skip_reason, versions
-from harness.launch.pool import POOLS
+from harness.launch.pool import POOLS, stage_mode
 from harness.launch.torchrun import shutdown_signal
 from harness.paths import safe_name
 from harness.records import UNEXPECTED_OUTCOMES, CellRecord
@@ -35,6 +35,20 @@ def select_cells(scenarios, patterns: list[str] | None = None) -> list:
     needed = {(c.scenario.name, c.save_id) for c in chosen}
     return [c for c in cells if c in chosen
             or (c.load is None and (c.scenario.name, c.save_id) in needed)]
+
+
+def _phase_order(cells: list, stage: str) -> list:
+    """Warm pools (HARNESS_STAGE_MODE=pool) serve one world size, tier and patch each: running a
+    phase's stages grouped that way lets each stage find the pool the previous one left idle.
+    The fresh mode keeps the scenario's order."""
+    if stage_mode() != "pool":
+        return cells
+
+    def key(c):
+        topo = c.save if stage == "save" else c.load
+        return (c.scenario.tier, c.scenario.patch, c.scenario.backend, topo.world_size)
+
+    return sorted(cells, key=key)
 
 
 def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdout) -> dict:
@@ -64,8 +78,8 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
 
     try:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            list(pool.map(one, [c for c in cells if c.load is None]))
-            list(pool.map(one, [c for c in cells if c.load is not None]))
+            list(pool.map(one, _phase_order([c for c in cells if c.load is None], "save")))
+            list(pool.map(one, _phase_order([c for c in cells if c.load is not None], "load")))
     finally:
         POOLS.close_all()  # warm rank pools (HARNESS_STAGE_MODE=pool) never outlive a run
     doc = collect(run_dir, versions(), interrupted=shutdown_signal())
