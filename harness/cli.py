@@ -118,6 +118,12 @@ def cmd_report(args) -> int:
     return report_main(args)
 
 
+def cmd_equivalence(args) -> int:
+    from harness.report.equivalence import main as equivalence_main
+
+    return equivalence_main(args)
+
+
 def cmd_inspect(args) -> int:
     from harness.golden.inspect import main as inspect_main
 
@@ -199,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report", help="markdown summary + grid picture of a run")
     rep.add_argument("results", nargs="?", help="results.json (default: the newest run)")
     rep.set_defaults(fn=cmd_report)
+
+    eq = sub.add_parser("equivalence", help="do two runs of the same cells give the same results?")
+    eq.add_argument("reference", help="results.json of the reference run (fresh torchrun per stage)")
+    eq.add_argument("candidate", help="results.json of the run to check (e.g. --stage-mode pool)")
+    eq.set_defaults(fn=cmd_equivalence)
 
     ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds")
     ins.add_argument("ckpt")

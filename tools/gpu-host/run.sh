@@ -14,6 +14,8 @@
 #   pipeline   pp2 saves and loads at 128 experts, patched and unpatched (gpu-pipeline*)
 #   shape-nano, shape-ultra  the quarantined jobs at their production parallel shapes (8/16 ranks)
 #   profile    where a rank's import time goes (bench/import_profile.py), 1 and 8 at once
+#   equivalence  EQ_SCENARIOS (default gpu-witness) fresh, then with --stage-mode pool, compared
+#   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 set -uo pipefail
 source /root/gw/base/env.sh
 export HARNESS_PYTHON=system PYTHONUNBUFFERED=1
@@ -28,6 +30,20 @@ case "$1" in
   pipeline) $H run --label pipeline --jobs 4 --scenario gpu-pipeline --scenario gpu-pipeline-witness ;;
   shape-nano) $H run --label shape-nano --jobs 2 --scenario gpu-nano-shape --scenario gpu-nano-shape-witness ;;
   shape-ultra) $H run --label shape-ultra --jobs 2 --scenario gpu-ultra-shape --scenario gpu-ultra-shape-witness ;;
+  equivalence)  # issue 14: the warm pool must give the fresh mode's results, cell for cell
+    SC=$(for s in ${EQ_SCENARIOS:-gpu-witness}; do echo "--scenario $s"; done)
+    for m in fresh pool; do
+      start=$(date +%s)
+      $H run --label eq-$m --jobs ${EQ_JOBS:-4} --stage-mode $m $SC | tail -4
+      echo "$m wall: $(( $(date +%s) - start )) s"
+    done
+    python3 -m harness equivalence $R/*-eq-fresh/results.json $R/*-eq-pool/results.json ;;
+  repro-modes)
+    for m in fresh pool; do
+      start=$(date +%s)
+      HARNESS_STAGE_MODE=$m python3 -m harness --results-root $R repro > "$OUT/repro-$m.log" 2>&1
+      echo "repro $m: rc $? wall $(( $(date +%s) - start )) s"
+    done ;;
   profile)
     python3 bench/import_profile.py --repeats 2 --json "$OUT/import-profile.json"
     python3 bench/import_profile.py --repeats 1 --concurrent 8 --json "$OUT/import-profile-x8.json" ;;

@@ -1,0 +1,51 @@
+"""Are two runs of the same cells the same result? The rule a faster stage mode (the warm pool,
+issue 14) must meet before it may replace the fresh torchrun per stage: per cell the same
+outcome, exception type, failing key, first failing rank and verify figures. Timings, memory,
+teardown seconds and free-text messages (they name run directories and pids) may differ.
+
+    python -m harness equivalence REFERENCE/results.json CANDIDATE/results.json
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.check.results_file import ResultsFileError, read_results
+
+SAME = ("outcome", "exception_type", "failing_key", "first_failure_rank", "failed_stage")
+
+
+def verify_figures(verify: dict | None) -> dict:
+    """The verify dict without timings."""
+    return {k: v for k, v in (verify or {}).items() if "time" not in k and not k.endswith("_s")}
+
+
+def differences(reference: dict, candidate: dict) -> list[str]:
+    """One line per difference between two results documents (empty: equivalent)."""
+    ref = {c["cell_id"]: c for c in reference.get("cells", [])}
+    got = {c["cell_id"]: c for c in candidate.get("cells", [])}
+    out = [f"{cid}: only in the reference run" for cid in sorted(set(ref) - set(got))]
+    out += [f"{cid}: only in the candidate run" for cid in sorted(set(got) - set(ref))]
+    for cid in sorted(set(ref) & set(got)):
+        a, b = ref[cid], got[cid]
+        out += [f"{cid}: {k} {a.get(k)!r} != {b.get(k)!r}" for k in SAME if a.get(k) != b.get(k)]
+        fa, fb = verify_figures(a.get("verify")), verify_figures(b.get("verify"))
+        out += [f"{cid}: verify.{k} {fa.get(k)!r} != {fb.get(k)!r}"
+                for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+    return out
+
+
+def main(args) -> int:
+    try:
+        ref, got = (read_results(Path(p)) for p in (args.reference, args.candidate))
+    except ResultsFileError as exc:
+        print(f"error: {exc}")
+        return 2
+    diffs = differences(ref, got)
+    cells = len(ref.get("cells", []))
+    if diffs:
+        print(f"NOT equivalent: {len(diffs)} difference(s) over {cells} reference cells")
+        print("\n".join(f"  {d}" for d in diffs))
+        return 1
+    print(f"equivalent: {cells} cells, same outcome, exception, failing key, first rank and "
+          "verify figures")
+    return 0

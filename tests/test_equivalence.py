@@ -1,0 +1,53 @@
+"""The equivalence rule between two runs of the same cells (harness/report/equivalence.py)."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.report.equivalence import differences
+
+pytestmark = pytest.mark.cpu
+
+RUN = Path(__file__).resolve().parent / "data" / "runs" / "20261203-033850-pipeline.results.json"
+
+
+def test_a_run_is_equivalent_to_itself_with_other_timings():
+    doc = json.loads(RUN.read_text())
+    other = copy.deepcopy(doc)
+    for c in other["cells"]:
+        c["durations"] = {k: v + 1 for k, v in c["durations"].items()}
+        c["teardown_s"], c["memory"], c["message"] = 9.9, {}, (c["message"] or "") + " elsewhere"
+    assert differences(doc, other) == []
+
+
+@pytest.mark.parametrize("field, value", [("outcome", "pass"), ("failing_key", "x"),
+                                          ("first_failure_rank", 3), ("exception_type", "E")])
+def test_a_changed_result_field_is_named(field, value):
+    doc = json.loads(RUN.read_text())
+    other = copy.deepcopy(doc)
+    cell = next(c for c in other["cells"] if c["outcome"] == "bug-reproduced")
+    cell[field] = value
+    assert differences(doc, other) == [f"{cell['cell_id']}: {field} "
+                                       f"{next(c for c in doc['cells'] if c['cell_id'] == cell['cell_id'])[field]!r} != {value!r}"]
+
+
+def test_verify_figures_and_missing_cells_count(tmp_path, capsys):
+    doc = json.loads(RUN.read_text())
+    other = copy.deepcopy(doc)
+    cell = next(c for c in other["cells"] if c["verify"].get("mismatch_count") == 0)
+    cell["verify"]["mismatch_count"] = 1
+    dropped = other["cells"].pop()
+    diffs = differences(doc, other)
+    assert f"{cell['cell_id']}: verify.mismatch_count 0 != 1" in diffs
+    assert f"{dropped['cell_id']}: only in the reference run" in diffs
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc))
+    b.write_text(json.dumps(other))
+    assert main(["equivalence", str(a), str(b)]) == 1
+    assert "NOT equivalent: 2 difference(s)" in capsys.readouterr().out
+    assert main(["equivalence", str(a), str(a)]) == 0
+    assert main(["equivalence", str(a), str(tmp_path / "missing.json")]) == 2
