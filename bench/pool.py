@@ -1,17 +1,20 @@
 """Fresh torchrun per stage (the reference) against warm rank pools, side by side (issue 14).
 
-    python bench/pool.py [--cells 3] [--repeats 2]
+    python bench/pool.py [--cells 3] [--repeats 2] [--repro]
 
 Runs the save-only cell and the first ``--cells`` load cells of scenario cpu-reshard through
 the real controller (run_cells) in both stage modes, interleaved (fresh, pool, pool, fresh, ...)
 so drift on a busy machine hits both; prints the median wall time per stage, per cell (its
 save stage plus its load stage) and per run, and pool/fresh as a ratio. Figures only, no
-thresholds; a cell that does not pass in either mode stops the bench.
+thresholds; a cell that does not pass in either mode stops the bench. ``--repro`` also times
+``python -m harness repro`` (what ``make repro`` runs) in both modes, in a subprocess each.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -52,6 +55,28 @@ def one_run(chosen: list, mode: str, root: Path) -> dict:
     return rows
 
 
+REPRO_TIMEOUT_S = 1800
+
+
+def repro(mode: str, root: Path) -> float:
+    """Wall seconds of ``python -m harness repro`` in ``mode`` (killed with its group on timeout)."""
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "HARNESS_STAGE_MODE": mode}
+    t = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--results-root", str(root / mode),
+                             "repro"], cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=REPRO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise SystemExit(f"{mode}: repro still running after {REPRO_TIMEOUT_S} s; killed")
+    if rc != 0:
+        raise SystemExit(f"{mode}: repro exited {rc}")
+    return time.monotonic() - t
+
+
 def main() -> int:
     import warnings
 
@@ -59,6 +84,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--cells", type=int, default=3, help="load cells of cpu-reshard (plus the save)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repro", action="store_true", help="also time `python -m harness repro`")
     args = p.parse_args()
     chosen = cells(args.cells)
     got: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
@@ -67,9 +93,11 @@ def main() -> int:
             for mode in (MODES if i % 2 == 0 else MODES[::-1]):
                 for row, s in one_run(chosen, mode, Path(tmp) / str(i)).items():
                     got[mode].setdefault(row, []).append(s)
+                if args.repro:
+                    got[mode].setdefault("make repro", []).append(repro(mode, Path(tmp) / f"r{i}"))
     print(f"cpu-reshard, {len(chosen)} cells, {args.repeats} interleaved repeats; median seconds")
     print(f"  {'':42} {'fresh':>8} {'pool':>8} {'pool/fresh':>10}")
-    for row in sorted(got["fresh"], key=lambda r: (r.startswith("run"), r.startswith("cell"), r)):
+    for row in sorted(got["fresh"], key=lambda r: (r.startswith(("run", "make")), r.startswith("cell"), r)):
         f, q = statistics.median(got["fresh"][row]), statistics.median(got["pool"][row])
         print(f"  {row:42} {f:8.2f} {q:8.2f} {q / f:10.2f}")
     return 0
