@@ -28,6 +28,7 @@ from harness.paths import REPO_ROOT
 from harness.records import StageCause, StageResult
 
 POLL_S = 0.05
+SIGNALLED_EXIT_S = 2.0  # how long a SIGKILLed group member may take to exit before it is a leftover
 # Variables a parent torchrun/pytest-xdist might have set that would confuse the ranks.
 _STRIP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
               "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
@@ -367,6 +368,11 @@ def _reap_leftovers(sid: int | list[int], w: _Watch) -> list[int]:
         except (OSError, psutil.Error):
             continue
     left += [r.proc for r in w.ranks.values() if _alive(r.proc) and r.proc not in left]
+    if w.signalled_at is not None and left:
+        # The teardown SIGKILLed whole process groups: a member (e.g. the resource tracker of a
+        # rank's spawn Manager) may still be exiting on a loaded machine. Only what outlives
+        # that is a leftover; a process outside the signalled groups stays alive and counts.
+        _, left = psutil.wait_procs(left, timeout=SIGNALLED_EXIT_S)
     for p in left:
         try:
             p.kill()
