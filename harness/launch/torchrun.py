@@ -339,8 +339,12 @@ def _kill_session(proc: subprocess.Popen, w: _Watch, grace_s: float) -> None:
 
 
 def _groups(proc: subprocess.Popen, w: _Watch) -> list[int]:
-    """torchrun's process group and each live rank's (elastic makes every rank a session leader)."""
-    return _agent_pids(proc) + [r.pid for r in w.ranks.values() if r.died_at is None and _alive(r.proc)]
+    """torchrun's process group and every rank's (elastic makes every rank a session leader).
+
+    A rank that died of the SIGTERM still counts: its group may hold a process that ignores
+    SIGTERM, such as the resource tracker of a rank's spawn Manager (the torch_dist save starts
+    one), which only the SIGKILL to the group ends (seen as 2 leftovers in a pool timeout)."""
+    return _agent_pids(proc) + [r.pid for r in w.ranks.values()]
 
 
 def _note_deaths_quiet(w: _Watch) -> None:
