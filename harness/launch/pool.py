@@ -24,7 +24,7 @@ import psutil
 
 from harness.jsonfile import write_json_atomic
 from harness.launch.torchrun import (
-    StageRun, end_session, make_stage_dirs, not_started, shutdown_signal, stage_env,
+    StageRun, end_session, kill_and_wait, make_stage_dirs, not_started, shutdown_signal, stage_env,
     start_torchrun, supervise,
 )
 
@@ -135,12 +135,7 @@ class RankPool:
         self.dead = True
         left = end_session(self.proc, grace_s=0.0) if self.proc is not None else []
         strays = pool_processes(self.dir)
-        for p in strays:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(strays, timeout=5)
+        kill_and_wait(strays)
         return sorted({*left, *(p.pid for p in strays)})
 
     def close(self) -> list[int]:

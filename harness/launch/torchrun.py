@@ -377,14 +377,19 @@ def _reap_leftovers(sid: int | list[int], w: _Watch) -> list[int]:
         # rank's spawn Manager) may still be exiting on a loaded machine. Only what outlives
         # that is a leftover; a process outside the signalled groups stays alive and counts.
         _, left = psutil.wait_procs(left, timeout=SIGNALLED_EXIT_S)
-    for p in left:
+    kill_and_wait(left)
+    run_pids = {r.pid for r in w.ranks.values()} | {p.pid for p in left}
+    return sorted({p.pid for p in left} | set(_gpu_holders(run_pids)))
+
+
+def kill_and_wait(procs: list[psutil.Process], timeout_s: float = 5.0) -> None:
+    """SIGKILL each process and wait (bounded) until they are gone."""
+    for p in procs:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(left, timeout=5)
-    run_pids = {r.pid for r in w.ranks.values()} | {p.pid for p in left}
-    return sorted({p.pid for p in left} | set(_gpu_holders(run_pids)))
+    psutil.wait_procs(procs, timeout=timeout_s)
 
 
 def _gpu_holders(run_pids: set[int], wait_s: float = 5.0) -> list[int]:
