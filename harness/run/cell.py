@@ -139,7 +139,7 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
         return _finish(rec, cell, run_dir)
     save = run_save(cell, run_dir)
     judge.under_version(rec, cell, save)
-    _note_durations(rec, "save", save)
+    _note_stage(rec, "save", save)
     if save.interrupted:
         judge.interrupted(rec, save, save.interrupted)
     elif cell.load is None:
@@ -150,7 +150,7 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
         load_dir = run_dir / "cells" / safe_name(cell.id) / "load"
         load = _launch(_spec(cell, "load", cell.load, save_dir_of(cell, run_dir)), load_dir, cell)
         judge.under_version(rec, cell, load)
-        _note_durations(rec, "load", load)
+        _note_stage(rec, "load", load)
         if load.interrupted:
             judge.interrupted(rec, load, load.interrupted)
         else:
@@ -158,7 +158,8 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     return _finish(rec, cell, run_dir)
 
 
-def _note_durations(rec: CellRecord, which: str, stage: StageResult) -> None:
+def _note_stage(rec: CellRecord, which: str, stage: StageResult) -> None:
+    """The stage's durations (rank 0's phases) and peak memory (largest rank, sum of ranks)."""
     rec.durations[f"{which}_stage"] = stage.wall_s
     rec.durations.update({f"{which}.{k}": v for k, v in stage.rank0.get("durations", {}).items()})
     peaks = [r["memory"] for r in stage.rank_results.values() if r.get("memory")]

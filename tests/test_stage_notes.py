@@ -1,0 +1,24 @@
+"""What a cell record keeps of each stage (harness/run/cell.py _note_stage): rank 0's phase
+durations and, per stage, the largest rank's and the summed peak memory."""
+from __future__ import annotations
+
+import pytest
+
+from harness.records import CellRecord, StageResult
+from harness.run.cell import _note_stage
+
+pytestmark = pytest.mark.cpu
+
+
+def test_durations_of_rank0_and_memory_over_all_ranks():
+    rec = CellRecord(scenario="s", cell_id="c", tier="gpu-shared", backend="te",
+                     save_topology="tp1-etp1-ep2-pp1", load_topology=None, patch="fix", expected="pass")
+    stage = StageResult(stage="save", ok=True, wall_s=12.5, rank_results={
+        "0": {"durations": {"imports": 3.0}, "memory": {"rss_peak_mib": 100.0, "gpu_peak_reserved_mib": 20.0}},
+        "1": {"durations": {"imports": 9.0}, "memory": {"rss_peak_mib": 300.5}},
+        "2": {"durations": {"imports": 1.0}},  # a rank that reported no memory is not counted
+    })
+    _note_stage(rec, "save", stage)
+    assert rec.durations == {"save_stage": 12.5, "save.imports": 3.0}
+    assert rec.memory == {"save": {"ranks": 2, "rss_peak_mib_max": 300.5, "rss_peak_mib_sum": 400.5,
+                                   "gpu_peak_reserved_mib_max": 20.0, "gpu_peak_reserved_mib_sum": 20.0}}
