@@ -252,4 +252,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if problem:
             print(f"warning: {problem}", file=sys.stderr)
+        if not getattr(args, "stage_mode", None):  # --stage-mode overrides the variable
+            from harness.launch.pool import stage_mode
+
+            try:
+                stage_mode()
+            except ValueError as exc:  # one line, not a traceback from the first stage
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
     return args.fn(args)

@@ -163,3 +163,13 @@ def test_pool_mode_groups_each_phase_by_world_size(monkeypatch):
     monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
     worlds = [c.load.world_size for c in _phase_order(loads, "load")]
     assert worlds == sorted(worlds)
+
+
+def test_an_unknown_stage_mode_is_one_line_before_any_stage(tmp_path, monkeypatch, capsys):
+    from harness.cli import main
+
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "bogus")
+    rc = main(["--results-root", str(tmp_path), "run", "--scenario", "cpu-reshard"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1] == "error: HARNESS_STAGE_MODE='bogus': want one of ('fresh', 'pool')", err
+    assert not list(tmp_path.iterdir()), "a run directory was made"
