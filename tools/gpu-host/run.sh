@@ -26,12 +26,14 @@ H="python3 -m harness --results-root $R"
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 > "$OUT/gpu-memory-$1.csv" 2>/dev/null &
 SMI=$!
 trap 'kill $SMI 2>/dev/null' EXIT
+scenarios() { for s in ${SCENARIOS:-$@}; do echo "--scenario $s"; done; }
 case "$1" in
-  pipeline) $H run --label pipeline --jobs 4 --scenario gpu-pipeline --scenario gpu-pipeline-witness ;;
-  shape-nano) $H run --label shape-nano --jobs 2 --scenario gpu-nano-shape --scenario gpu-nano-shape-witness ;;
-  shape-ultra) $H run --label shape-ultra --jobs 2 --scenario gpu-ultra-shape --scenario gpu-ultra-shape-witness ;;
+  # SCENARIOS narrows a mode to some of its scenarios (e.g. only the patched one of a re-run)
+  pipeline) $H run --label pipeline --jobs 4 $(scenarios gpu-pipeline gpu-pipeline-witness) ;;
+  shape-nano) $H run --label shape-nano --jobs 2 $(scenarios gpu-nano-shape gpu-nano-shape-witness) ;;
+  shape-ultra) $H run --label shape-ultra --jobs 2 $(scenarios gpu-ultra-shape gpu-ultra-shape-witness) ;;
   equivalence)  # issue 14: the warm pool must give the fresh mode's results, cell for cell
-    SC=$(for s in ${EQ_SCENARIOS:-gpu-witness}; do echo "--scenario $s"; done)
+    SC=$(SCENARIOS=${EQ_SCENARIOS:-} scenarios gpu-witness)
     for m in fresh pool; do
       start=$(date +%s)
       $H run --label eq-$m --jobs ${EQ_JOBS:-4} --stage-mode $m $SC | tail -4

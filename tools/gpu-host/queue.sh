@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs several run.sh modes one after another in the background on the lent GPU host, so that a
+# queue longer than one device call (600 s) keeps the GPU busy between calls (docs/gpu-host.md).
+#   queue.sh start "VAR=x mode1" "mode2" ...   copy this tree to /root/queue/src and start there
+#   queue.sh poll SECONDS                       wait until the queue ends or SECONDS pass, then
+#                                               copy what it has written so far into $OUT
+# Each entry is optional VAR=value words and a run.sh mode; its output lands in /root/queue/<n>-<mode>/.
+set -uo pipefail
+Q=/root/queue
+case "$1" in
+  start)
+    shift
+    rm -rf "$Q" && mkdir -p "$Q/src"
+    tar -c --exclude=./.gpu --exclude=./results . | tar -x -C "$Q/src"
+    printf '%s\n' "$@" > "$Q/entries"
+    setsid nohup bash -c '
+      cd '"$Q"'/src; n=0
+      while read -r entry; do
+        n=$((n + 1)); mode=${entry##* }; dir='"$Q"'/$n-$mode; mkdir -p "$dir"
+        echo "$(date +%T) start $entry" >> '"$Q"'/progress
+        start=$(date +%s)
+        vars=""; [ "$entry" != "$mode" ] && vars=${entry% *}
+        env $vars OUT="$dir" timeout 1500 bash tools/gpu-host/run.sh "$mode" > "$dir/log" 2>&1
+        echo "$(date +%T) end $entry: rc $? after $(( $(date +%s) - start )) s" >> '"$Q"'/progress
+      done < '"$Q"'/entries
+      touch '"$Q"'/done' > "$Q/queue.log" 2>&1 < /dev/null &
+    echo "queue started: $(wc -l < "$Q/entries") entries" ;;
+  poll)
+    end=$(( $(date +%s) + ${2:-500} ))
+    while [ ! -e "$Q/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+    cat "$Q/progress" 2>/dev/null
+    [ -e "$Q/done" ] && echo "queue done" || echo "queue still running"
+    mkdir -p "${OUT:-/tmp/out}/queue"
+    for d in "$Q"/*-*/; do [ -d "$d" ] && cp -r "$d" "${OUT:-/tmp/out}/queue/"; done
+    tail -n 5 "$Q"/*-*/log 2>/dev/null ;;
+esac
