@@ -120,6 +120,9 @@ def stage_env(stage: str, stage_dir: Path, timeout_s: float, pg_timeout_s: float
     env["HARNESS_STAGE"] = stage
     env["HARNESS_STAGE_TIMEOUT_S"] = str(timeout_s)
     env.setdefault("HARNESS_PG_TIMEOUT_S", str(pg_timeout_s if pg_timeout_s is not None else 60))
+    # cuBLAS picks a fixed reduction order only with a fixed workspace; the logits probe runs
+    # under torch's deterministic algorithms (harness/rank/logits.py), which ask for this
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env
 

@@ -19,6 +19,14 @@ is discontinuous: a bf16-level change in router logits between TP/EP splits can 
 another expert, which moves that token's logits far more than rounding does. Tokens whose
 expert choice differs anywhere are counted (``routing_flips``) and the deviation of the tokens
 routed identically in every layer is reported separately (``logits_plain_same_routing``).
+
+Determinism: every probe forward runs under ``torch.use_deterministic_algorithms``. Without it
+megatron-core's MoE ``unpermute`` sums each token's top-k expert outputs with CUDA
+``scatter_add_`` atomics in no fixed order (``index_add_`` when deterministic algorithms are on):
+two addends (top-2) are exact in any order, six (Nano's top-6) are not, and over 23 MoE layers
+the rounding reaches router near-ties. Measured on the H200 (docs/runs/20261203-065627-shape-nano):
+the SAME model and state measured twice at tp4-etp1-ep8 (every tensor bit-exact, nothing
+written between the passes) differed 0.063 and 0.080 relative.
 Measured on the H200 (docs/runs/20261202-151428-routing): save tp1-etp1-ep8 -> load
 tp4-etp1-ep8 with every tensor bit-exact on all 8 ranks had whole-batch plain logits 0.313 rel
 off, from ONE of 32 tokens taking another expert; the other 31 tokens were 0.0065 off, like
@@ -28,6 +36,7 @@ elsewhere; many flips would mean the forward differs beyond rounding).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -77,6 +86,20 @@ def _routing_of_all_stages(mine: dict) -> dict:
     return {k: v for part in parts for k, v in part.items()}
 
 
+@contextmanager
+def deterministic_algorithms():
+    """torch's deterministic algorithms on for the block (megatron-core then picks its
+    deterministic MoE kernels; see the module docstring), the previous setting restored after.
+    ``warn_only``: an op without a deterministic kernel warns instead of failing the stage."""
+    was, warn_only = (torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
 def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch.Tensor] | None:
     """{"plain", "nvfp4", "routing"} on the rank that owns full logits (tp 0, dp 0), else None."""
     batch = sample_batch(size, LOGITS_BATCH_SEED, device)
@@ -84,7 +107,7 @@ def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch
 
     routing, handles = _record_routing(model)
     try:
-        with quantizers_bypassed(model):
+        with quantizers_bypassed(model), deterministic_algorithms():
             out = {"plain": _gather_logits(forward(model, batch))}
     finally:
         for h in handles:
@@ -93,7 +116,8 @@ def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch
         routing = _routing_of_all_stages(routing)
     out["routing"] = routing
     if tier != "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
-        out["nvfp4"] = _gather_logits(forward(model, batch))
+        with deterministic_algorithms():
+            out["nvfp4"] = _gather_logits(forward(model, batch))
     return out if out["plain"] is not None else None
 
 
@@ -151,8 +175,14 @@ def logits_figures(logits: dict, reference_dir: Path) -> dict:
     return out
 
 
-def at_load_topology_figures(loaded: dict, restored: dict) -> dict:
+def at_load_topology_figures(loaded: dict, restored: dict, tensors_written: int | None = None) -> dict:
     """The loaded model's logits against the same model with the saved state written into it
-    (harness/check/logits.py LOGITS_REFERENCES, "load-topology")."""
-    return {mode: _figures(loaded[mode], restored[mode])
-            for mode in ("plain", "nvfp4") if mode in loaded and mode in restored}
+    (harness/check/logits.py LOGITS_REFERENCES, "load-topology"), with the routing flips between
+    the two passes. ``tensors_written`` (over all ranks): 0 means the loaded state was already
+    the saved state, so the two passes measure the forward's own repeatability."""
+    out = {mode: _figures(loaded[mode], restored[mode])
+           for mode in ("plain", "nvfp4") if mode in loaded and mode in restored}
+    out.update(_routing_figures(loaded, restored))
+    if tensors_written is not None:
+        out["tensors_written"] = tensors_written
+    return out

@@ -111,10 +111,13 @@ def load_stage(spec: StageSpec) -> dict:
         logits = measure_logits(model, spec.model_size, spec.tier, device())
         figures = logits_figures(logits, ref_dir) if logits is not None else None
         if spec.logits_reference == "load-topology":  # last: it overwrites the loaded state
-            compare.restore_from_reference(model.sharded_state_dict(metadata=metadata), reference)
+            written = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(written, compare.restore_from_reference(
+                model.sharded_state_dict(metadata=metadata), reference))
             restored = measure_logits(model, spec.model_size, spec.tier, device())
             if figures is not None:
-                figures["logits_at_load_topology"] = at_load_topology_figures(logits, restored)
+                figures["logits_at_load_topology"] = at_load_topology_figures(
+                    logits, restored, tensors_written=sum(written))
         # The logits live on one rank (tp 0, dp 0 of the last pipeline stage); rank 0 reports.
         gathered = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, figures)
