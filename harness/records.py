@@ -45,6 +45,7 @@ class StageResult:
     summary: str = ""
     environment: dict = field(default_factory=dict)  # versions the ranks imported
     interrupted: str | None = None  # the signal that stopped the controller during this stage
+    started_at: float | None = None  # epoch: the controller started the stage's torchrun / job
 
     @property
     def rank0(self) -> dict:

@@ -22,3 +22,26 @@ def test_durations_of_rank0_and_memory_over_all_ranks():
     assert rec.durations == {"save_stage": 12.5, "save.imports": 3.0}
     assert rec.memory == {"save": {"ranks": 2, "rss_peak_mib_max": 300.5, "rss_peak_mib_sum": 400.5,
                                    "gpu_peak_reserved_mib_max": 20.0, "gpu_peak_reserved_mib_sum": 20.0}}
+
+
+def test_start_and_exit_frame_rank0_phases_so_they_add_up_to_the_stage_wall():
+    rec = CellRecord(scenario="s", cell_id="c", tier="cpu", backend="local",
+                     save_topology="tp1-etp1-ep2-pp1", load_topology=None, patch="fix", expected="pass")
+    t0 = 1_000_000.0
+    stage = StageResult(stage="save", ok=True, wall_s=20.0, started_at=t0, rank_results={
+        "0": {"durations": {"imports": 8.0, "save": 5.0}, "clock_started_at": t0 + 4.0,
+              "result_written_at": t0 + 17.5},
+        "1": {"durations": {"imports": 9.0}, "clock_started_at": t0 + 1.0, "result_written_at": t0 + 19.0},
+    })
+    _note_stage(rec, "save", stage)
+    assert rec.durations == {"save_stage": 20.0, "save.start": 4.0, "save.imports": 8.0,
+                             "save.save": 5.0, "save.exit": 2.5}
+    assert list(rec.durations) == ["save_stage", "save.start", "save.imports", "save.save", "save.exit"]
+
+
+def test_older_stage_records_without_epochs_keep_only_the_phases():
+    rec = CellRecord(scenario="s", cell_id="c", tier="cpu", backend="local",
+                     save_topology="tp1-etp1-ep2-pp1", load_topology=None, patch="fix", expected="pass")
+    _note_stage(rec, "load", StageResult(stage="load", ok=True, wall_s=3.0,
+                                         rank_results={"0": {"durations": {"load": 1.0}}}))
+    assert rec.durations == {"load_stage": 3.0, "load.load": 1.0}

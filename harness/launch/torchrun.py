@@ -51,12 +51,14 @@ class StageRun:
     all_gone_at: float | None = None
     interrupted: str | None = None  # the signal that stopped the controller (SIGINT, SIGTERM)
     rank_nodes: dict[int, int] = field(default_factory=dict)  # global rank -> agent (node) index
+    started_at: float | None = None  # epoch: torchrun started (a pool: the job was handed over)
 
     def result(self) -> StageResult:
         """The typed record the rest of the controller works with (and writes as stage.json)."""
         c = self.cause
         return StageResult(
             stage=self.stage, ok=self.ok, wall_s=round(self.wall_s, 2), timed_out=self.timed_out,
+            started_at=self.started_at,
             teardown_s=self.teardown_s, leftovers=self.leftovers,
             cause=None if c is None else StageCause(rank=c.rank, kind=c.kind, exc_type=c.exc_type,
                                                     message=c.message, key=c.key),
@@ -449,7 +451,7 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: _Watch, t0:
         timed_out=timed_out, cause=cause, secondaries=secondaries, rank_results=results,
         stage_dir=stage_dir, teardown_s=(all_gone - first) if first else None, leftovers=leftovers,
         first_failure_at=first, all_gone_at=all_gone, interrupted=w.interrupted,
-        rank_nodes={r.rank: r.node for r in w.ranks.values()},
+        rank_nodes={r.rank: r.node for r in w.ranks.values()}, started_at=t0,
     )
 
 

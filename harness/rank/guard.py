@@ -152,7 +152,10 @@ def guarded(stage: str, rank: int, stage_dir: Path, fn: Callable[[], Any]) -> An
 
 
 def write_result(rank: int, stage_dir: Path, result: dict | None) -> None:
-    write_json_atomic(stage_dir / "ranks" / f"rank{rank}.json", dict(result or {}))
+    """The rank's figures, stamped with the time it wrote them (the rest of the stage wall is
+    its exit: run/cell.py ``_note_stage``)."""
+    write_json_atomic(stage_dir / "ranks" / f"rank{rank}.json",
+                      {**(result or {}), "result_written_at": time.time()})
 
 
 def leave(code: int = 0) -> NoReturn:

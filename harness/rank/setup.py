@@ -48,10 +48,12 @@ def init_rank(topo: Topology, tier: str, pg_timeout_s: float) -> int:
 
 
 class Clock:
-    """Per-phase durations of a stage, reported in ranks/rank<r>.json."""
+    """Per-phase durations of a stage, reported in ranks/rank<r>.json. ``started_at`` (epoch)
+    lets the controller tell the time before the first phase (run/cell.py ``_note_stage``)."""
 
     def __init__(self):
         self.t, self.durations = time.perf_counter(), {}
+        self.started_at = time.time()
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()

@@ -60,7 +60,8 @@ def save_stage(spec: StageSpec) -> dict:
         if logits is not None:
             save_logits(logits, ref_dir, "checkpoint")
         clock.lap("reference_reload")
-    return {"durations": clock.durations, "memory": peak_memory(), "reference_shards": shards}
+    return {"durations": clock.durations, "clock_started_at": clock.started_at,
+            "memory": peak_memory(), "reference_shards": shards}
 
 
 def _reload_keeps_state(spec: StageSpec) -> bool:
@@ -128,7 +129,8 @@ def load_stage(spec: StageSpec) -> dict:
         if verify.get("mismatch_count"):
             verify["logits_effect"] = _state_logits_effect(model, spec, metadata, reference)
     clock.lap("verify")
-    return {"durations": clock.durations, "memory": peak_memory(), "verify": verify}
+    return {"durations": clock.durations, "clock_started_at": clock.started_at,
+            "memory": peak_memory(), "verify": verify}
 
 
 def _state_logits_effect(model, spec: StageSpec, metadata, reference) -> dict | None:

@@ -159,9 +159,20 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
 
 
 def _note_stage(rec: CellRecord, which: str, stage: StageResult) -> None:
-    """The stage's durations (rank 0's phases) and peak memory (largest rank, sum of ranks)."""
+    """The stage's durations (rank 0's phases) and peak memory (largest rank, sum of ranks).
+
+    Rank 0's phases are framed by ``start`` (the stage started -> its clock started: torchrun's
+    agent, the interpreter, importing torch and the harness; in a warm pool, taking the job)
+    and ``exit`` (its result written -> every rank and torchrun gone: destroying the process
+    group, leaving; in a pool, the reset), so that the phases add up to the stage wall."""
     rec.durations[f"{which}_stage"] = stage.wall_s
-    rec.durations.update({f"{which}.{k}": v for k, v in stage.rank0.get("durations", {}).items()})
+    r0 = stage.rank0
+    clock, written = r0.get("clock_started_at"), r0.get("result_written_at")
+    if stage.started_at is not None and clock is not None:
+        rec.durations[f"{which}.start"] = round(clock - stage.started_at, 3)
+    rec.durations.update({f"{which}.{k}": v for k, v in r0.get("durations", {}).items()})
+    if stage.started_at is not None and written is not None:
+        rec.durations[f"{which}.exit"] = round(stage.started_at + stage.wall_s - written, 3)
     peaks = [r["memory"] for r in stage.rank_results.values() if r.get("memory")]
     if peaks:
         rec.memory[which] = {"ranks": len(peaks)}
