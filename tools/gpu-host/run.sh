@@ -13,7 +13,8 @@
 #   record-next  metadata recordings under a later release (RECORD_VERSION)
 #   pipeline   pp2 saves and loads at 128 experts, patched and unpatched (gpu-pipeline*)
 #   shape-nano, shape-ultra  the quarantined jobs at their production parallel shapes (8/16 ranks)
-#   profile    where a rank's import time goes (bench/import_profile.py), 1 and 8 at once
+#   profile    where a rank's import time goes (bench/import_profile.py), 1 and 8 at once, and
+#              without the packages in TRIM
 #   equivalence  EQ_SCENARIOS (default gpu-witness) fresh, then with --stage-mode pool, compared
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 set -uo pipefail
@@ -48,7 +49,10 @@ case "$1" in
     done ;;
   profile)
     python3 bench/import_profile.py --repeats 2 --json "$OUT/import-profile.json"
-    python3 bench/import_profile.py --repeats 1 --concurrent 8 --json "$OUT/import-profile-x8.json" ;;
+    python3 bench/import_profile.py --repeats 1 --concurrent 8 --json "$OUT/import-profile-x8.json"
+    # trimming (issue 14): can the stack import without packages a stage never uses?
+    python3 bench/import_profile.py --repeats 2 --block ${TRIM:-transformers,torchvision,numba} \
+      --json "$OUT/import-profile-trimmed.json" ;;
   smoke)
     python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tail -25
     $H run --label smoke --jobs 5 --scenario gpu-witness --scenario gpu-fix \
