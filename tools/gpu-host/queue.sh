@@ -3,7 +3,7 @@
 # queue longer than one device call (600 s) keeps the GPU busy between calls (docs/gpu-host.md).
 #   queue.sh start "VAR=x mode1" "mode2" ...   copy this tree to /root/queue/src and start there
 #   queue.sh poll SECONDS                       wait until the queue ends or SECONDS pass, then
-#                                               copy what it has written so far into $OUT
+#                                               pack what it has written so far into $OUT/queue.tgz
 # Each entry is optional VAR=value words and a run.sh mode; its output lands in /root/queue/<n>-<mode>/.
 set -uo pipefail
 Q=/root/queue
@@ -30,7 +30,8 @@ case "$1" in
     while [ ! -e "$Q/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
     cat "$Q/progress" 2>/dev/null
     [ -e "$Q/done" ] && echo "queue done" || echo "queue still running"
-    mkdir -p "${OUT:-/tmp/out}/queue"
-    for d in "$Q"/*-*/; do [ -d "$d" ] && cp -r "$d" "${OUT:-/tmp/out}/queue/"; done
-    tail -n 5 "$Q"/*-*/log 2>/dev/null ;;
+    # one file: a runner may bring back only a few files per call
+    mkdir -p "${OUT:-/tmp/out}"
+    (cd "$Q" && tar czf "${OUT:-/tmp/out}/queue.tgz" progress $(ls -d [0-9]*-* 2>/dev/null))
+    tail -n 5 "$Q"/[0-9]*-*/log 2>/dev/null ;;
 esac

@@ -40,7 +40,9 @@ case "$1" in
       $H run --label eq-$m --jobs ${EQ_JOBS:-4} --stage-mode $m $SC | tail -4
       echo "$m wall: $(( $(date +%s) - start )) s"
     done
-    python3 -m harness equivalence $R/*-eq-fresh/results.json $R/*-eq-pool/results.json ;;
+    # the newest pair (run directories start with their time; a queue may run this mode twice)
+    python3 -m harness equivalence "$(ls -d $R/*-eq-fresh | tail -1)/results.json" \
+      "$(ls -d $R/*-eq-pool | tail -1)/results.json" ;;
   repro-modes)
     for m in fresh pool; do
       start=$(date +%s)
