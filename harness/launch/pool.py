@@ -8,6 +8,11 @@ the default and the reference. A pool stage is watched by the same code as a fre
 and comes back as the same StageRun, so judging cannot tell the modes apart except by wall
 time. Any failure, timeout or interrupt kills the pool's whole session; the next stage of that
 key gets a new pool. Single node only: multi-node stages always run fresh.
+
+Scheduling: a stage whose key has a warm pool (one that has run a stage) that is busy waits
+for it rather than starting a new pool: a warm stage costs its own work (GPU host, make repro:
+a load in about 8 s), a new pool the whole start and import (about 50 s). With no warm pool
+of its key a stage starts one, so the first stages of a phase still start in parallel.
 """
 from __future__ import annotations
 
@@ -76,6 +81,7 @@ class RankPool:
         self.pg_timeout_s, self.python = pg_timeout_s, python
         self.proc = None
         self.seq = 0
+        self.passed = 0  # stages run to the end on this pool: warm once > 0
         self.dead = False
         self.started_at: float | None = None
 
@@ -94,6 +100,10 @@ class RankPool:
     @property
     def alive(self) -> bool:
         return not self.dead and self.proc is not None and self.proc.poll() is None
+
+    @property
+    def warm(self) -> bool:
+        return self.passed > 0 and not self.dead
 
     def run(self, spec_path: Path, stage: str, stage_dir: Path, timeout_s: float,
             job_env: dict | None = None) -> StageRun:
@@ -120,6 +130,8 @@ class RankPool:
             raise
         if not run.ok:
             self.dead = True  # supervise killed its session already
+        else:
+            self.passed += 1
         return run
 
     def _copy_log(self, stage_dir: Path) -> None:
@@ -158,27 +170,40 @@ class PoolSet:
     Off the cpu tier ranks hold GPU memory, so starting a pool first closes the idle ones of
     other keys there. ``close_all`` at the end of every run (run/cells.py) and at exit."""
 
+    WAIT_POLL_S = 0.5  # a waiting stage checks for an interrupt this often
+
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._idle: dict[PoolKey, list[RankPool]] = {}
         self._busy: set[RankPool] = set()
         self.started = 0  # torchrun starts, for tests and the bench
         self.stages = 0
+        self.waited = 0  # stages that waited for a busy warm pool
 
     def run(self, key: PoolKey, spec_path: Path, stage: str, stage_dir: Path, timeout_s: float,
             job_env: dict | None = None) -> StageRun:
         if shutdown_signal():
             return not_started(stage, Path(stage_dir).resolve())
         pool = self._take(key)
+        if pool is None:  # interrupted while waiting for a busy pool
+            return not_started(stage, Path(stage_dir).resolve())
         try:
             return pool.run(spec_path, stage, stage_dir, timeout_s, job_env)
         finally:
             self._give_back(pool)
 
-    def _take(self, key: PoolKey) -> RankPool:
+    def _take(self, key: PoolKey) -> RankPool | None:
         stale = []
         with self._lock:
             self.stages += 1
+            waited = False
+            while not any(p.alive for p in self._idle.get(key, [])) and any(
+                    p.key == key and p.warm for p in self._busy):
+                if shutdown_signal():
+                    return None
+                self.waited += not waited
+                waited = True
+                self._lock.wait(self.WAIT_POLL_S)
             idle = self._idle.get(key, [])
             pool = next((p for p in idle if p.alive), None)
             stale = [p for p in idle if p is not pool]
@@ -206,6 +231,7 @@ class PoolSet:
             self._busy.discard(pool)
             if pool.alive:
                 self._idle.setdefault(pool.key, []).append(pool)
+            self._lock.notify_all()
 
     def close_all(self) -> None:
         """Close every pool, idle or (after an interrupt) still busy; nothing is left running."""
