@@ -1,12 +1,14 @@
 """Fresh torchrun per stage (the reference) against warm rank pools, side by side (issue 14).
 
-    python bench/pool.py [--cells 3] [--repeats 2] [--repro]
+    python bench/pool.py [--cells 3] [--repeats 2] [--jobs 1] [--repro]
 
 Runs the save-only cell and the first ``--cells`` load cells of scenario cpu-reshard through
 the real controller (run_cells) in both stage modes, interleaved (fresh, pool, pool, fresh, ...)
 so drift on a busy machine hits both; prints the median wall time per stage, per cell (its
 save stage plus its load stage) and per run, and pool/fresh as a ratio. Figures only, no
-thresholds; a cell that does not pass in either mode stops the bench. ``--repro`` also times
+thresholds; a cell that does not pass in either mode stops the bench. ``--jobs N`` runs N
+cells of a phase at once (then two loads of one world size can want the same warm pool, and
+the pool mode's torchrun starts are printed too). ``--repro`` also times
 ``python -m harness repro`` (what ``make repro`` runs) in both modes, in a subprocess each.
 """
 from __future__ import annotations
@@ -35,15 +37,19 @@ def cells(n: int) -> list:
     return select_cells([s for s in load_all() if s.name == "cpu-reshard"], [c.id for c in loads])
 
 
-def one_run(chosen: list, mode: str, root: Path) -> dict:
+def one_run(chosen: list, mode: str, root: Path, jobs: int = 1) -> dict:
     """{row: seconds} for one run in ``mode``."""
+    from harness.launch.pool import POOLS
     from harness.run.cells import run_cells
 
     os.environ["HARNESS_STAGE_MODE"] = mode
-    t = time.monotonic()
+    t, started, waited = time.monotonic(), POOLS.started, POOLS.waited
     with open(os.devnull, "w") as quiet:
-        doc = run_cells(chosen, root / mode, mode, out=quiet)
+        doc = run_cells(chosen, root / mode, mode, jobs=jobs, out=quiet)
     rows = {"run (every stage, pools closed)": time.monotonic() - t}
+    if mode == "pool":
+        print(f"# pool run: {POOLS.started - started} torchrun starts, "
+              f"{POOLS.waited - waited} stages waited for a warm pool", flush=True)
     for c in doc["cells"]:
         if c["outcome"] != "pass":
             raise SystemExit(f"{mode}: {c['cell_id']} {c['outcome']}: {c['message']}")
@@ -84,6 +90,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--cells", type=int, default=3, help="load cells of cpu-reshard (plus the save)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--jobs", type=int, default=1, help="cells of a phase at once")
     p.add_argument("--repro", action="store_true", help="also time `python -m harness repro`")
     args = p.parse_args()
     chosen = cells(args.cells)
@@ -91,7 +98,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             for mode in (MODES if i % 2 == 0 else MODES[::-1]):
-                for row, s in one_run(chosen, mode, Path(tmp) / str(i)).items():
+                for row, s in one_run(chosen, mode, Path(tmp) / str(i), args.jobs).items():
                     got[mode].setdefault(row, []).append(s)
                 if args.repro:
                     got[mode].setdefault("make repro", []).append(repro(mode, Path(tmp) / f"r{i}"))
