@@ -126,3 +126,22 @@ def test_recorded_nano_shape_cells_fail_the_cross_split_criterion():
         v = cell["verify"]
         assert v["mismatch_count"] == 0 and v["ranks_compared"] in (8, 16)
         assert v["routing_flips"] > v["routing_flips_allowed"] and not judge_logits(v, cell["tier"])["logits_ok"]
+
+
+@pytest.mark.cpu
+def test_recorded_pipeline_rerun_tp_changing_loads_pass_only_with_their_flips_set_aside():
+    """The pp2 grid re-run with routing recorded at pp > 1 (H200, 20261203-065320-pipeline):
+    every load whose whole-batch logits are beyond tolerance had tokens change experts, and
+    the identically routed tokens are within it, so the rule passes it; no such load passes
+    on the whole batch."""
+    doc = json.loads((RUNS / "20261203-065320-pipeline.results.json").read_text())
+    loads = [c for c in doc["cells"] if c["load_topology"]]
+    assert len(loads) == 6
+    off = [c for c in loads if c["verify"]["logits_plain"]["rel_diff"] > c["verify"]["logits_tolerance"]]
+    assert len(off) == 4
+    for cell in off:
+        v = cell["verify"]
+        assert v["mismatch_count"] == 0 and v["expert_amax_state"]["restored"] == v["expert_amax_state"]["saved"]
+        assert 1 <= v["routing_flips"] <= v["routing_flips_allowed"]
+        assert v["logits_plain_same_routing"]["rel_diff"] <= v["logits_tolerance"]
+        assert judge_logits(v, cell["tier"])["logits_ok"]
