@@ -113,3 +113,14 @@ def test_an_interrupt_ends_the_wait_without_a_stage(tmp_path, fake_launch, monke
     t.join(5)
     assert pools.started == 1
     pools.close_all()
+
+
+def test_taking_one_idle_pool_leaves_the_other_idle_pools_of_its_key_running(tmp_path, fake_launch):
+    pools, k = PoolSet(), key(tmp_path)
+    at_once(lambda: run(pools, k, tmp_path, "ok-0.3", "a"),
+            lambda: run(pools, k, tmp_path, "ok-0.3", "b"))  # two warm idle pools now
+    assert pools.started == 2
+    at_once(lambda: run(pools, k, tmp_path, "ok-0.3", "c"),
+            lambda: run(pools, k, tmp_path, "ok-0.3", "d"))
+    assert (pools.started, pools.waited) == (2, 0)
+    pools.close_all()

@@ -205,9 +205,10 @@ class PoolSet:
                 waited = True
                 self._lock.wait(self.WAIT_POLL_S)
             idle = self._idle.get(key, [])
-            pool = next((p for p in idle if p.alive), None)
-            stale = [p for p in idle if p is not pool]
-            self._idle[key] = []
+            alive = [p for p in idle if p.alive]
+            pool = alive[0] if alive else None
+            stale = [p for p in idle if not p.alive]  # other idle pools of the key stay idle
+            self._idle[key] = alive[1:]
             if pool is None and key.tier != "cpu":
                 stale += [p for k, ps in self._idle.items() for p in ps]
                 self._idle = {}
