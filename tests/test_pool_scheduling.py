@@ -124,3 +124,24 @@ def test_taking_one_idle_pool_leaves_the_other_idle_pools_of_its_key_running(tmp
             lambda: run(pools, k, tmp_path, "ok-0.3", "d"))
     assert (pools.started, pools.waited) == (2, 0)
     pools.close_all()
+
+
+def test_a_phase_starts_with_the_stages_that_have_an_idle_pool(monkeypatch):
+    """Then a stage that starts a pool cannot first close (off the cpu tier) the idle pools
+    the save phase left for them; within each part, stages stay grouped by world size."""
+    from harness.run import cells as cells_mod
+    from harness.scenario.scenarios import load_all
+
+    loads = [c for s in load_all() if s.name == "cpu-reshard" for c in s.cells() if c.load]
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
+    monkeypatch.setattr(cells_mod.POOLS, "idle_shapes", lambda: {("cpu", "none", "local", 4)})
+    worlds = [c.load.world_size for c in cells_mod._phase_order(loads, "load")]
+    assert worlds[0] == 4 and worlds[1:] == sorted(worlds[1:]) and 4 not in worlds[1:], worlds
+
+
+def test_idle_shapes_name_the_live_idle_pools(tmp_path, fake_launch):
+    pools = PoolSet()
+    assert run(pools, key(tmp_path), tmp_path, "ok-0", "a").ok
+    assert not run(pools, key(tmp_path, world=4), tmp_path, "fail-0", "b").ok  # dead: not idle
+    assert pools.idle_shapes() == {("cpu", "fix", "local", 2)}
+    pools.close_all()

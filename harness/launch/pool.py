@@ -227,6 +227,14 @@ class PoolSet:
                 raise
         return pool
 
+    def idle_shapes(self) -> set[tuple[str, str, str, int]]:
+        """(tier, patch, backend, world) of every live idle pool: run/cells.py starts a phase
+        with the stages that can use one, before others start pools (and, off the cpu tier,
+        close idle pools of other keys)."""
+        with self._lock:
+            return {(k.tier, k.patch, k.backend, k.world)
+                    for k, ps in self._idle.items() if any(p.alive for p in ps)}
+
     def _give_back(self, pool: RankPool) -> None:
         with self._lock:
             self._busy.discard(pool)

@@ -39,14 +39,17 @@ def select_cells(scenarios, patterns: list[str] | None = None) -> list:
 
 def _phase_order(cells: list, stage: str) -> list:
     """Warm pools (HARNESS_STAGE_MODE=pool) serve one world size, tier and patch each: running a
-    phase's stages grouped that way lets each stage find the pool the previous one left idle.
-    The fresh mode keeps the scenario's order."""
+    phase's stages grouped that way lets each stage find the pool the previous one left idle,
+    and the groups that have an idle pool now (left by the save phase) go first, before other
+    groups start pools. The fresh mode keeps the scenario's order."""
     if stage_mode() != "pool":
         return cells
+    warm = POOLS.idle_shapes()
 
     def key(c):
         topo = c.save if stage == "save" else c.load
-        return (c.scenario.tier, c.scenario.patch, c.scenario.backend, topo.world_size)
+        shape = (c.scenario.tier, c.scenario.patch, c.scenario.backend, topo.world_size)
+        return (shape not in warm, shape)
 
     return sorted(cells, key=key)
 
