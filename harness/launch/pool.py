@@ -201,8 +201,8 @@ class PoolSet:
                     p.key == key and p.warm for p in self._busy):
                 if shutdown_signal():
                     return None
-                self.waited += not waited
-                waited = True
+                if not waited:
+                    self.waited, waited = self.waited + 1, True
                 self._lock.wait(self.WAIT_POLL_S)
             idle = self._idle.get(key, [])
             alive = [p for p in idle if p.alive]

@@ -100,6 +100,7 @@ def deterministic_algorithms():
         torch.use_deterministic_algorithms(was, warn_only=warn_only)
 
 
+@deterministic_algorithms()  # every pass of the probe (module docstring, "Determinism")
 def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch.Tensor] | None:
     """{"plain", "nvfp4", "routing"} on the rank that owns full logits (tp 0, dp 0), else None."""
     batch = sample_batch(size, LOGITS_BATCH_SEED, device)
@@ -107,7 +108,7 @@ def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch
 
     routing, handles = _record_routing(model)
     try:
-        with quantizers_bypassed(model), deterministic_algorithms():
+        with quantizers_bypassed(model):
             out = {"plain": _gather_logits(forward(model, batch))}
     finally:
         for h in handles:
@@ -116,8 +117,7 @@ def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch
         routing = _routing_of_all_stages(routing)
     out["routing"] = routing
     if tier != "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
-        with deterministic_algorithms():
-            out["nvfp4"] = _gather_logits(forward(model, batch))
+        out["nvfp4"] = _gather_logits(forward(model, batch))
     return out if out["plain"] is not None else None
 
 

@@ -4,9 +4,10 @@
 #   queue.sh start "VAR=x mode1" "mode2" ...   copy this tree to /root/queue/src and start there
 #   queue.sh poll SECONDS                       wait until the queue ends or SECONDS pass, then
 #                                               pack what it has written so far into $OUT/queue.tgz
-# Each entry is optional VAR=value words and a run.sh mode; its output lands in /root/queue/<n>-<mode>/.
+# Each entry is optional VAR=value words and a run.sh mode; its output lands in
+# $GPU_QUEUE_DIR/<n>-<mode>/ (default /root/queue, on the GPU host).
 set -uo pipefail
-Q=/root/queue
+Q=${GPU_QUEUE_DIR:-/root/queue}  # on the GPU host
 case "$1" in
   start)
     shift
