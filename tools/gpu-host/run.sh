@@ -18,6 +18,7 @@
 #   equivalence  EQ_SCENARIOS (default gpu-witness) fresh, then with --stage-mode pool, compared
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 set -uo pipefail
+[ $# -ge 1 ] || { echo "usage: run.sh <mode> (the modes are listed at the top of tools/gpu-host/run.sh)" >&2; exit 2; }
 source /root/gw/base/env.sh
 export HARNESS_PYTHON=system PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -105,6 +106,8 @@ case "$1" in
     echo "repro wall: $(( $(date +%s) - start )) s (imports included)"
     ck=$(ls -d $R/*repro-gpu/saves/gpu-shared-te-none-tp1-etp1-ep8-pp1/ckpt | head -1)
     [ -n "$ck" ] && tar czf "$OUT/golden-0.47.0-tp1-etp1-ep8.tgz" -C "$(dirname "$ck")" ckpt ;;
+  *) echo "run.sh: unknown mode '${1:-}' (the modes are listed at the top of tools/gpu-host/run.sh)" >&2
+     exit 2 ;;
 esac
 tar czf "$OUT/results-$1.tgz" --exclude='*/ckpt' --exclude='*/reference' $R 2>/dev/null
 ls -la "$OUT"
