@@ -15,7 +15,7 @@
 #   shape-nano, shape-ultra  the quarantined jobs at their production parallel shapes (8/16 ranks)
 #   profile    where a rank's import time goes (bench/import_profile.py), 1 and 8 at once, and
 #              without the packages in TRIM
-#   equivalence  EQ_SCENARIOS (default gpu-witness) fresh, then with --stage-mode pool, compared
+#   equivalence  EQ_SCENARIOS (default gpu-witness; a,b for several) fresh, then with --stage-mode pool, compared
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: run.sh <mode> (the modes are listed at the top of tools/gpu-host/run.sh)" >&2; exit 2; }
@@ -28,7 +28,8 @@ H="python3 -m harness --results-root $R"
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 > "$OUT/gpu-memory-$1.csv" 2>/dev/null &
 SMI=$!
 trap 'kill $SMI 2>/dev/null' EXIT
-scenarios() { for s in ${SCENARIOS:-$@}; do echo "--scenario $s"; done; }
+# SCENARIOS / EQ_SCENARIOS: names separated by commas or spaces (commas fit a queue.sh entry)
+scenarios() { local l=${SCENARIOS:-$*}; for s in ${l//,/ }; do echo "--scenario $s"; done; }
 case "$1" in
   # SCENARIOS narrows a mode to some of its scenarios (e.g. only the patched one of a re-run)
   pipeline) $H run --label pipeline --jobs 4 $(scenarios gpu-pipeline gpu-pipeline-witness) ;;
