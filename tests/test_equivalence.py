@@ -51,3 +51,17 @@ def test_verify_figures_and_missing_cells_count(tmp_path, capsys):
     assert "NOT equivalent: 2 difference(s)" in capsys.readouterr().out
     assert main(["equivalence", str(a), str(a)]) == 0
     assert main(["equivalence", str(a), str(tmp_path / "missing.json")]) == 2
+
+
+def test_the_run_id_inside_a_verify_figure_is_not_a_difference():
+    """Recorded on the H200: a golden checkpoint is copied into the run directory and the fix's
+    load warnings name it, so the same warning differs by run id between two runs."""
+    doc = json.loads(RUN.read_text())
+    other = copy.deepcopy(doc)
+    other["run_id"] = "20261203-100023-eq-pool"
+    a, b = (next(c for c in d["cells"] if c["verify"]) for d in (doc, other))
+    a["verify"]["load_warnings"] = [f"moe-ckpt-fix: results/{doc['run_id']}/saves/g/ckpt holds x"]
+    b["verify"]["load_warnings"] = [f"moe-ckpt-fix: results/{other['run_id']}/saves/g/ckpt holds x"]
+    assert differences(doc, other) == []
+    b["verify"]["load_warnings"] = [f"moe-ckpt-fix: results/{other['run_id']}/saves/g/ckpt holds y"]
+    assert len(differences(doc, other)) == 1

@@ -1,4 +1,7 @@
 """Classifier unit tests on the exact texts of the bug report and torchrun logs (docs/findings.md)."""
+import json
+from pathlib import Path
+
 import pytest
 
 from harness.launch import failures as F
@@ -145,3 +148,26 @@ def test_failing_key_of_a_key_the_checkpoint_lacks():
     text = ('KeyError: "decoder.layers.0.mlp.experts.experts.4.linear_fc1.weight_quantizer._amax '
             "from model not in state dict: ['common_state/shard_0_1', ...]\"")
     assert failing_key(text) == "decoder.layers.0.mlp.experts.experts.4.linear_fc1.weight_quantizer._amax"
+
+
+SIMULTANEOUS = Path(__file__).resolve().parent / "data" / "runs" / "20261203-golden-eq-simultaneous-errors.json"
+
+
+@pytest.mark.parametrize("mode", ["fresh", "pool"])
+def test_simultaneous_primaries_recorded_on_the_gpu_name_the_lowest_rank(mode):
+    """Recorded: two ranks fail on their own for the same missing key 1-3 ms apart, rank 1
+    first in one run and rank 0 first in the other; both runs must name the same cause."""
+    errors = json.loads(SIMULTANEOUS.read_text())["runs"][mode]
+    assert {e["rank"] for e in errors} == {0, 1}
+    cause, sec = F.classify("load", errors, [])
+    assert (cause.rank, cause.exc_type) == (0, "megatron.core.dist_checkpointing.core.CheckpointingException")
+    assert cause.key == "decoder.layers.0.mlp.experts.experts.4.linear_fc1.weight_quantizer._amax"
+    assert [s.rank for s in sec] == [1]
+
+
+def test_primaries_further_apart_than_the_window_keep_their_order():
+    late = 4.0 + F.SIMULTANEOUS_S + 0.05
+    cause, _ = F.classify("load", [err(0, "boom B", late), err(2, "boom A", 4.0)], [])
+    assert cause.rank == 2
+    cause, _ = F.classify("load", [err(0, "boom B", 4.0 + F.SIMULTANEOUS_S / 2), err(2, "boom A", 4.0)], [])
+    assert cause.rank == 0

@@ -52,6 +52,13 @@ IN_COLLECTIVE = re.compile(r"torch/distributed/(distributed_c10d|c10d_logger)\.p
 
 KINDS = ("exception", "signal", "exit", "timeout", "hang")
 
+# Primary failures of several ranks recorded within this many seconds of the earliest are
+# simultaneous: which rank wrote first is scheduling noise (seen on the H200: the unpatched load
+# of a checkpoint saved without validation fails on rank 0 in validate_sharding_integrity and on
+# rank 1 in the DCP load plan for the same missing key, 1-3 ms apart, in either order), so the
+# lowest rank among them is the cause. A peer's fallout is secondary by its text, not by time.
+SIMULTANEOUS_S = 0.1
+
 
 @dataclass
 class RankFailure:
@@ -171,7 +178,8 @@ def classify(
     """(cause, secondaries). ``errors``: the ranks' error files; ``exits``: ranks that failed
     without one (or were still alive at teardown). The cause is the earliest primary failure;
     without any, a rank that was stuck outside a collective while its peers timed out (hang),
-    else the earliest failure of all."""
+    else the earliest failure of all. Primaries within SIMULTANEOUS_S of the earliest tie, and
+    the lowest rank among them wins."""
     have_error = {int(e["rank"]) for e in errors}
     failures = [_from_error(stage, e) for e in errors]
     failures += [_from_exit(stage, x, timed_out) for x in exits if x.rank not in have_error]
@@ -179,6 +187,9 @@ def classify(
         return None, []
     far = float("inf")
     primaries = sorted((f for f in failures if not f.secondary), key=lambda f: (f.time or far, f.rank))
+    if primaries and primaries[0].time is not None:
+        tied = [f for f in primaries if f.time is not None and f.time - primaries[0].time <= SIMULTANEOUS_S]
+        primaries.insert(0, primaries.pop(primaries.index(min(tied, key=lambda f: f.rank))))
     cause = primaries[0] if primaries else (_stuck_rank(failures, exits, timed_out) or _odd_call_site(failures))
     if cause is None:
         cause = min(failures, key=lambda f: (f.time or far, f.rank))

@@ -1,7 +1,9 @@
 """Are two runs of the same cells the same result? The rule a faster stage mode (the warm pool,
 issue 14) must meet before it may replace the fresh torchrun per stage: per cell the same
 outcome, exception type, failing key, first failing rank and verify figures. Timings, memory,
-teardown seconds and free-text messages (they name run directories and pids) may differ.
+teardown seconds and free-text messages (they name run directories and pids) may differ; a
+run's own id inside a verify figure (a warning naming the checkpoint copied into the run
+directory) is read as ``<run>``.
 
     python -m harness equivalence REFERENCE/results.json CANDIDATE/results.json
 """
@@ -14,9 +16,17 @@ from harness.check.results_file import ResultsFileError, read_results
 SAME = ("outcome", "exception_type", "failing_key", "first_failure_rank", "failed_stage")
 
 
-def verify_figures(verify: dict | None) -> dict:
-    """The verify dict without timings."""
-    return {k: v for k, v in (verify or {}).items() if "time" not in k and not k.endswith("_s")}
+def verify_figures(verify: dict | None, run_id: str = "") -> dict:
+    """The verify dict without timings, with the run's id read as ``<run>``."""
+    def same_run(v):
+        if isinstance(v, str) and run_id:
+            return v.replace(run_id, "<run>")
+        if isinstance(v, list):
+            return [same_run(x) for x in v]
+        if isinstance(v, dict):
+            return {k: same_run(x) for k, x in v.items()}
+        return v
+    return {k: same_run(v) for k, v in (verify or {}).items() if "time" not in k and not k.endswith("_s")}
 
 
 def differences(reference: dict, candidate: dict) -> list[str]:
@@ -28,7 +38,8 @@ def differences(reference: dict, candidate: dict) -> list[str]:
     for cid in sorted(set(ref) & set(got)):
         a, b = ref[cid], got[cid]
         out += [f"{cid}: {k} {a.get(k)!r} != {b.get(k)!r}" for k in SAME if a.get(k) != b.get(k)]
-        fa, fb = verify_figures(a.get("verify")), verify_figures(b.get("verify"))
+        fa = verify_figures(a.get("verify"), reference.get("run_id", ""))
+        fb = verify_figures(b.get("verify"), candidate.get("run_id", ""))
         out += [f"{cid}: verify.{k} {fa.get(k)!r} != {fb.get(k)!r}"
                 for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
     return out
