@@ -181,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="cells run at once in each phase (1..64)")
     r.add_argument("--label", default="run", help="suffix of the results/<run-id> folder")
     r.add_argument("--stage-mode", choices=STAGE_MODES, default=None,
-                   help="fresh: one torchrun per stage (default, the reference); pool: warm "
-                        "rank pools reused by stages of one world size (HARNESS_STAGE_MODE)")
+                   help="pool: warm rank pools reused by stages of one world size (default on "
+                        "tiers cpu and gpu-shared); fresh: one torchrun per stage (the reference, "
+                        "default on tier gpu). Also HARNESS_STAGE_MODE")
     r.set_defaults(fn=cmd_run)
 
     rp = sub.add_parser("repro", help="the main job: reproduce the bug and check the fix here")

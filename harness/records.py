@@ -88,6 +88,8 @@ class CellRecord:
     modelopt: str | None = None
     expectations: str | None = None
     notice: str | None = None
+    # How its stages started: "pool" (warm rank pools) or "fresh" (a torchrun per stage).
+    stage_mode: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

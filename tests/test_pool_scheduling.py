@@ -145,3 +145,26 @@ def test_idle_shapes_name_the_live_idle_pools(tmp_path, fake_launch):
     assert not run(pools, key(tmp_path, world=4), tmp_path, "fail-0", "b").ok  # dead: not idle
     assert pools.idle_shapes() == {("cpu", "fix", "local", 2)}
     pools.close_all()
+
+
+def test_the_default_stage_mode_is_the_pool_only_where_its_equivalence_was_shown(monkeypatch):
+    """cpu and gpu-shared: equivalence runs in docs/runs/README.md; tier gpu (NCCL): none yet."""
+    monkeypatch.delenv("HARNESS_STAGE_MODE", raising=False)
+    assert [pool_mod.stage_mode(t) for t in ("cpu", "gpu-shared", "gpu")] == ["pool", "pool", "fresh"]
+    assert pool_mod.stage_mode() == "fresh"  # no tier named: the reference
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "fresh")
+    assert {pool_mod.stage_mode(t) for t in ("cpu", "gpu-shared", "gpu")} == {"fresh"}
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
+    assert pool_mod.stage_mode("gpu") == "pool"
+
+
+def test_the_record_says_how_its_stages_started(monkeypatch):
+    from harness.run.cell import new_record
+    from harness.run.cells import select_cells
+    from harness.scenario.scenarios import load_all
+
+    monkeypatch.delenv("HARNESS_STAGE_MODE", raising=False)
+    cell = select_cells([s for s in load_all() if s.name == "cpu-reshard"])[0]
+    assert new_record(cell).stage_mode == "pool"
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "fresh")
+    assert new_record(cell).stage_mode == "fresh"

@@ -43,9 +43,16 @@ _NOT_KEY = {*JOB_ENV, "HARNESS_STAGE_MODE", "HARNESS_STAGE_DIR", "HARNESS_STAGE"
 STOP_WAIT_S = 10.0  # a stopped pool's ranks leave in well under a second
 
 
-def stage_mode() -> str:
-    """``HARNESS_STAGE_MODE``: ``fresh`` (default, one torchrun per stage) or ``pool``."""
-    mode = os.environ.get("HARNESS_STAGE_MODE") or "fresh"
+# The mode a tier's stages run in unless HARNESS_STAGE_MODE says otherwise: the pool where it
+# was shown to give the fresh mode's results cell for cell (docs/benchmarks.md, "Stage
+# startup"); tier gpu (NCCL, one rank per GPU) keeps the reference until it is shown there.
+DEFAULT_STAGE_MODE = {"cpu": "pool", "gpu-shared": "pool", "gpu": "fresh"}
+
+
+def stage_mode(tier: str | None = None) -> str:
+    """``HARNESS_STAGE_MODE`` (every tier), else the tier's default: ``pool`` (warm rank pools)
+    or ``fresh`` (one torchrun per stage, the reference)."""
+    mode = os.environ.get("HARNESS_STAGE_MODE") or DEFAULT_STAGE_MODE.get(tier, "fresh")
     if mode not in STAGE_MODES:
         raise ValueError(f"HARNESS_STAGE_MODE={mode!r}: want one of {STAGE_MODES}")
     return mode

@@ -98,7 +98,7 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
     """THE place a stage starts: a fresh torchrun, or a warm rank pool (HARNESS_STAGE_MODE)."""
     spec_path = spec.write(stage_dir / "spec.json")
     timeout_s, env = cell.scenario.stage_timeout_s, _tier_env(spec.tier)
-    if stage_mode() == "pool":
+    if stage_mode(spec.tier) == "pool":
         # pools live in the run directory: every stage's checkpoint is <run>/saves/<id>/ckpt
         run_dir = Path(spec.ckpt_dir).parents[2]
         key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run_dir, env)
@@ -122,7 +122,7 @@ def new_record(cell: Cell) -> CellRecord:
     rec = CellRecord(
         scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
         save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
-        patch=s.patch, expected="", modelopt=installed_modelopt(),
+        patch=s.patch, expected="", modelopt=installed_modelopt(), stage_mode=stage_mode(s.tier),
     )
     judge.under_version(rec, cell, None)
     return rec

@@ -42,7 +42,7 @@ def _phase_order(cells: list, stage: str) -> list:
     phase's stages grouped that way lets each stage find the pool the previous one left idle,
     and the groups that have an idle pool now (left by the save phase) go first, before other
     groups start pools. The fresh mode keeps the scenario's order."""
-    if stage_mode() != "pool":
+    if all(stage_mode(c.scenario.tier) != "pool" for c in cells):
         return cells
     warm = POOLS.idle_shapes()
 
