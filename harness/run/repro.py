@@ -97,10 +97,8 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
 
         ok = _show_real_validation(new_run_dir(results_root, "repro-probe"))
         print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
-        # two cells at once: the loads that find the save's warm pool run beside those that
-        # start their own (docs/benchmarks.md, "`make repro`")
         doc = run_cells(select_cells([s for s in scenarios if s.name == "cpu-reshard"]),
-                        results_root, "repro-cpu", jobs=2)
+                        results_root, "repro-cpu", jobs=1)
         if not ok:
             return 1
     if doc.get("incomplete"):
