@@ -153,8 +153,12 @@ def test_an_interrupt_tears_the_pool_down(tmp_path, monkeypatch, sig):
 
 def test_pool_mode_groups_each_phase_by_world_size(monkeypatch):
     """So each stage finds the pool the previous one left idle; fresh mode keeps file order."""
+    from harness.run import cells as cells_mod
     from harness.run.cells import _phase_order
     from harness.scenario.scenarios import load_all
+
+    # no idle pools: earlier tests of this worker (cells run in pool mode) may have left some
+    monkeypatch.setattr(cells_mod, "POOLS", PoolSet())
 
     loads = [c for s in load_all() if s.name == "cpu-reshard" for c in s.cells() if c.load]
     assert len({c.load.world_size for c in loads}) > 1
