@@ -33,11 +33,13 @@ def start_cli(root: Path, *args: str, env: dict | None = None) -> subprocess.Pop
 
 
 def stage_processes(root: Path) -> list[int]:
-    """Processes whose stage directory lies under ``root`` (ranks and torchrun)."""
+    """Processes whose stage or warm pool directory lies under ``root`` (ranks and torchrun;
+    pool ranks get their stage directory per job, so they are found by their pool's)."""
     out = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if str(root) in p.environ().get("HARNESS_STAGE_DIR", ""):
+            env = p.environ()
+            if any(str(root) in env.get(k, "") for k in ("HARNESS_STAGE_DIR", "HARNESS_POOL_DIR")):
                 out.append(p.pid)
         except psutil.Error:
             continue
