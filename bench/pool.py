@@ -135,7 +135,8 @@ def main() -> int:
 
 
 def recorded(fresh: str, pool: str) -> int:
-    """The table of two recorded runs (one repeat each); run walls from their cells' clocks."""
+    """The table of two recorded runs (one repeat each): stages and cells only, a results file
+    holds no run wall time."""
     from harness.check.results_file import ResultsFileError, read_results
 
     try:

@@ -187,10 +187,8 @@ def classify(
         return None, []
     far = float("inf")
     primaries = sorted((f for f in failures if not f.secondary), key=lambda f: (f.time or far, f.rank))
-    if primaries and primaries[0].time is not None:
-        tied = [f for f in primaries if f.time is not None and f.time - primaries[0].time <= SIMULTANEOUS_S]
-        primaries.insert(0, primaries.pop(primaries.index(min(tied, key=lambda f: f.rank))))
-    cause = primaries[0] if primaries else (_stuck_rank(failures, exits, timed_out) or _odd_call_site(failures))
+    cause = _first_primary(primaries) if primaries else (
+        _stuck_rank(failures, exits, timed_out) or _odd_call_site(failures))
     if cause is None:
         cause = min(failures, key=lambda f: (f.time or far, f.rank))
     cause.secondary = False
@@ -198,6 +196,16 @@ def classify(
     for f in rest:
         f.secondary = True
     return cause, sorted(rest, key=lambda f: (f.time or far, f.rank))
+
+
+def _first_primary(primaries: list[RankFailure]) -> RankFailure:
+    """The lowest rank among the primaries within SIMULTANEOUS_S of the earliest (``primaries``
+    sorted by time, untimed last)."""
+    first = primaries[0]
+    if first.time is None:
+        return first
+    return min((f for f in primaries if f.time is not None and f.time - first.time <= SIMULTANEOUS_S),
+               key=lambda f: f.rank)
 
 
 # A traceback frame, e.g. '  File "/x/harness/rank/inject.py", line 91, in _mismatched_collective'
