@@ -56,5 +56,5 @@ docker-repro: docker-build
 clean:
 	rm -rf $(RESULTS) .pytest_cache
 
-matrix:           ## decisive cells per modelopt version (default 0.46.1 0.47.0 0.48.0rc1): MODELOPT="0.48.0rc1 path.whl git:REF"
-	$(PY) -m harness --results-root $(RESULTS) matrix $(foreach v,$(MODELOPT),--modelopt $(v))
+matrix:           ## decisive cells per (modelopt, megatron-core) pair: MODELOPT="0.47.0 0.48.0rc1" MCORE="0.15.x 0.16.x 0.19.2"
+	$(PY) -m harness --results-root $(RESULTS) matrix $(foreach v,$(MODELOPT),--modelopt $(v)) $(foreach v,$(MCORE),--mcore $(v))

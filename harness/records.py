@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 OUTCOMES = ("pass", "bug-reproduced", "unexpected-failure", "unexpected-pass", "blocked", "skipped",
-            "interrupted")
+            "interrupted", "rule-unknown")
+# The (nvidia-modelopt, megatron-core) pair has no rule (harness/check/versions.py): what ran is
+# recorded, nothing was predicted, so it is neither good nor unexpected.
+RULE_UNKNOWN = "rule-unknown"
 # The harness saw what it expected.
 GOOD_OUTCOMES = ("pass", "bug-reproduced")
 # The run fails: the world differs from what the installed ModelOpt's rules predict.
@@ -86,6 +89,7 @@ class CellRecord:
     # The nvidia-modelopt the ranks imported, and whose expectations judged the cell
     # (harness/check/versions.py); notice: set when that version is unknown to the harness.
     modelopt: str | None = None
+    mcore: str | None = None  # the megatron-core they imported: the rule is the pair's
     expectations: str | None = None
     notice: str | None = None
     # How its stages started: "pool" (warm rank pools) or "fresh" (a torchrun per stage).

@@ -36,8 +36,9 @@ pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("gitlab-ci-local")]
 GPU_JOBS = {"build-image", "gpu-tests", "bug-witness"}
 MR_JOBS = {"lint", "cpu-tests", "report"}
 NIGHTLY_JOBS = MR_JOBS | GPU_JOBS
+SCHEDULE_ONLY = {"pairs-nightly"}  # issue 24: the pinned pair and the newest releases
 STAGE = {"lint": "lint", "cpu-tests": "cpu", "build-image": "gpu", "gpu-tests": "gpu",
-         "bug-witness": "gpu", "report": "report"}
+         "bug-witness": "gpu", "report": "report", "pairs-nightly": "gpu"}
 
 
 def _need_node() -> None:
@@ -134,7 +135,7 @@ def test_default_branch_push_has_no_gpu_job(gcl):
 @pytest.mark.parametrize("source", ["schedule", "web"])
 def test_nightly_pipeline_runs_the_gpu_jobs_after_cpu(gcl, source):
     jobs = pipeline(gcl, source)
-    assert set(jobs) == NIGHTLY_JOBS
+    assert set(jobs) == NIGHTLY_JOBS | (SCHEDULE_ONLY if source == "schedule" else set())
     for name, job in jobs.items():
         assert job["stage"] == STAGE[name], name
     assert set(needs(jobs["build-image"])) == {"cpu-tests"}
@@ -142,6 +143,18 @@ def test_nightly_pipeline_runs_the_gpu_jobs_after_cpu(gcl, source):
         need = needs(jobs[name])
         assert need["cpu-tests"]["optional"] is False, f"{name} waits for the cpu stage"
         assert need["build-image"]["optional"] is True, f"{name} runs on a prebuilt image too"
+
+
+def test_scheduled_pipeline_runs_the_pairs_job(gcl):
+    """The nightly pairs job exists in the scheduled pipeline only, on the GPU node after the cpu
+    stage, runs the matrix for the pinned pair and the newest releases, keeps the table, and
+    may not fail quietly (a changed cell turns it red)."""
+    jobs = pipeline(gcl, "schedule")
+    job = jobs["pairs-nightly"]
+    assert job["stage"] == "gpu" and job["allow_failure"] is False
+    assert needs(job)["cpu-tests"]["optional"] is False
+    assert "pairs-nightly" not in pipeline(gcl, "web")
+    assert "pairs-nightly" not in pipeline(gcl, "merge_request_event")
 
 
 def test_only_the_bug_witness_may_fail(gcl):
@@ -152,7 +165,7 @@ def test_only_the_bug_witness_may_fail(gcl):
 
 def test_prebuilt_image_skips_the_build_but_keeps_the_order(gcl):
     jobs = pipeline(gcl, "schedule", BUILD_HARNESS_IMAGE="0")
-    assert set(jobs) == NIGHTLY_JOBS - {"build-image"}
+    assert set(jobs) == (NIGHTLY_JOBS | SCHEDULE_ONLY) - {"build-image"}
     for name in ("gpu-tests", "bug-witness"):
         assert "cpu-tests" in needs(jobs[name]), f"{name} must not start before cpu-tests"
 

@@ -20,6 +20,11 @@
 # A git ref: tools/matrix-env.sh git:<branch|tag|commit> installs
 #   "nvidia-modelopt @ git+https://github.com/NVIDIA/Model-Optimizer@<ref>"
 # (needs git and network: the docker image; with MATRIX_ENV_MODE=system there).
+# megatron-core axis: MATRIX_MCORE=<version> (e.g. 0.15.3) also installs megatron-core==<version>
+# (--no-deps) into the same layer/site dir, ahead of the base one; the env is then
+# .venv-mo<V>-mc<MCORE>. Its wheel comes from .whl-mc<digits> (e.g. .whl-mc0153) when that dir
+# has it (offline; required in system mode), else from the registry (layer mode). megatron-core
+# wheels are per platform and Python (compiled bits): the host's own tags must match.
 # Every pip call is bounded by MATRIX_ENV_TIMEOUT_S (default 600 s). Idempotent: a stamp skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,9 +54,23 @@ case "$ARG" in
       find_links=(--find-links "$wheeldir"); echo "matrix-env: using wheel from $wheeldir" >&2
     fi ;;
 esac
-ENV=".venv-modelopt-$V"
+MC=${MATRIX_MCORE:-}
+mc_src=(); mc_links=()
+if [ -n "$MC" ]; then
+  case "$MC" in *[!0-9.a-z]*) echo "matrix-env: megatron-core '$MC' is not a release version" >&2; exit 2 ;; esac
+  mc_src=("megatron-core==$MC")
+  mcdir=${MATRIX_MCORE_WHEEL_DIR:-.whl-mc$(echo "$MC" | tr -d .)}
+  if ls "$mcdir"/megatron_core-"$MC"-*.whl >/dev/null 2>&1; then
+    mc_links=(--find-links "$mcdir"); echo "matrix-env: megatron-core wheel from $mcdir" >&2
+  elif [ "$MODE" = system ]; then
+    echo "matrix-env: system mode needs megatron-core $MC's wheel in $mcdir (no registry assumed)" >&2; exit 2
+  fi
+  ENV=".venv-mo$V-mc$MC"
+else
+  ENV=".venv-modelopt-$V"
+fi
 STAMP="$ENV/.matrix-stamp"
-want="$MODE $ARG $(cat requirements/cpu.txt requirements/megatron-core.txt | sha256sum | cut -d' ' -f1)"
+want="$MODE $ARG mc=$MC $(cat requirements/cpu.txt requirements/megatron-core.txt | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then echo "$PWD/$ENV/bin/python"; exit 0; fi
 rm -rf "$ENV"
 if [ "$MODE" = system ]; then
@@ -85,18 +104,27 @@ elif [ "$MODE" = layer ]; then
   echo "import site; site.addsitedir('$basesite')" > "$site/_matrix_base.pth"
   timeout "$T" "$basepy" -m pip --disable-pip-version-check -q install --no-deps \
     "${find_links[@]}" --target "$site" "$src" >&2
+  if [ -n "$MC" ]; then
+    timeout "$T" "$basepy" -m pip --disable-pip-version-check -q install --no-deps \
+      --ignore-requires-python "${mc_links[@]}" --target "$site" "${mc_src[@]}" >&2
+  fi
 else
   timeout "$T" "$basepy" -m venv "$ENV"
   sed "s/^nvidia-modelopt==.*/$src/" requirements/cpu.txt > "$ENV/requirements.txt"
   timeout "$T" "$ENV/bin/python" -m pip --disable-pip-version-check -q install \
     "${find_links[@]}" -r "$ENV/requirements.txt" >&2
   timeout "$T" "$ENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
-    --ignore-requires-python -r requirements/megatron-core.txt >&2
+    --ignore-requires-python "${mc_links[@]}" ${MC:+"megatron-core==$MC"} \
+    $([ -z "$MC" ] && echo "-r requirements/megatron-core.txt") >&2
 fi
 got=$("$ENV/bin/python" -c 'import modelopt; print(modelopt.__version__)' 2>/dev/null | tail -1)
 case "$ARG" in
   git:*) echo "matrix-env: $ARG is nvidia-modelopt $got" >&2 ;;
   *) [ "$got" = "$V" ] || { echo "matrix-env: $ENV imports nvidia-modelopt $got, wanted $V" >&2; exit 1; } ;;
 esac
+if [ -n "$MC" ]; then
+  got_mc=$("$ENV/bin/python" -c 'from importlib.metadata import version; print(version("megatron-core"))' 2>/dev/null | tail -1)
+  [ "$got_mc" = "$MC" ] || { echo "matrix-env: $ENV imports megatron-core ${got_mc:-none}, wanted $MC" >&2; exit 1; }
+fi
 echo "$want" > "$STAMP"
 echo "$PWD/$ENV/bin/python"

@@ -6,23 +6,37 @@ and hands the typed results here. Recorded runs are judged again with the same f
 """
 from __future__ import annotations
 
+import re
+
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
 from harness.check.logits import judge_logits, logits_problems
-from harness.check.versions import behaviour_for, plugin_problem
-from harness.records import INTERRUPTED, CellRecord, StageCause, StageResult
+from harness.check.versions import installed_mcore, plugin_problem, rules_for
+from harness.records import INTERRUPTED, RULE_UNKNOWN, CellRecord, StageCause, StageResult
 
 # The report's failure: megatron-core's validation refuses the per-expert amax access pattern.
 BUG_EXCEPTION = "CheckpointingException"
 BUG_TEXT = "Invalid access pattern"
 
 
-def is_bug(cause: StageCause | None) -> bool:
-    return bool(
-        cause
-        and (cause.exc_type or "").endswith(BUG_EXCEPTION)
-        and BUG_TEXT in (cause.message or "")
-        and WEIGHT_AMAX.search(cause.key or "")
-    )
+# megatron-core < 0.16 with ModelOpt 0.47.0: the shared input amax of a grouped expert linear
+# collides instead (harness/check/versions.py, rule "0.47.0 + mcore 0.15").
+SHARED_EXPERT_AMAX = re.compile(r"mlp\.experts\.experts\.linear_fc\d\.input_quantizer\._amax")
+
+
+def is_bug(cause: StageCause | None, behaviour=None) -> bool:
+    """The failure the pair's rule predicts: by default the report's (validation on a per-expert
+    weight amax); a pair that cannot save predicts its exception; a pair whose shared expert amax
+    collides predicts that key, and no other."""
+    if not cause:
+        return False
+    if behaviour is not None and behaviour.cannot_save:
+        exc, _, text = behaviour.cannot_save.partition(": ")
+        return (cause.exc_type or "").endswith(exc) and text in (cause.message or "")
+    if not ((cause.exc_type or "").endswith(BUG_EXCEPTION) and BUG_TEXT in (cause.message or "")):
+        return False
+    if behaviour is not None and behaviour.shared_rule == "expert-tp-dense-dp":
+        return bool(SHARED_EXPERT_AMAX.search(cause.key or ""))
+    return bool(WEIGHT_AMAX.search(cause.key or ""))
 
 
 def version_skip_reason(cell, behaviour, modelopt: str | None) -> str | None:
@@ -42,12 +56,21 @@ def version_skip_reason(cell, behaviour, modelopt: str | None) -> str | None:
 def under_version(rec: CellRecord, cell, stage: StageResult | None) -> None:
     """Expectations of the nvidia-modelopt the stage's ranks imported (the controller's until a
     stage has reported)."""
-    ran = stage.environment.get("nvidia-modelopt") if stage else None
-    rec.modelopt = ran or rec.modelopt
-    behaviour = behaviour_for(rec.modelopt)
+    env = stage.environment if stage else {}
+    rec.modelopt = env.get("nvidia-modelopt") or rec.modelopt
+    rec.mcore = env.get("megatron-core") or rec.mcore or installed_mcore()
+    behaviour = rules_for(rec.modelopt, rec.mcore)
     rec.expectations = behaviour.label
-    rec.notice = behaviour.notice(rec.modelopt)
+    rec.notice = behaviour.notice(rec.modelopt, rec.mcore)
     rec.expected = cell.expected_under(behaviour)
+
+
+def settle_unknown(rec: CellRecord) -> None:
+    """A pair with no rule predicts nothing: its cell is ``rule-unknown``, whatever ran (kept in
+    the record), never judged by another pair's rule."""
+    if rec.expected == RULE_UNKNOWN and rec.outcome not in ("skipped", INTERRUPTED):
+        ran = f"{rec.outcome}: {rec.reason or rec.message or ''}".strip(": ")
+        rec.outcome, rec.reason = RULE_UNKNOWN, f"{rec.notice} (ran: {ran[:300]})"
 
 
 def interrupted(rec: CellRecord, stage: StageResult | None, signal: str) -> None:
@@ -75,7 +98,7 @@ def fill_failure(rec: CellRecord, stage: StageResult) -> None:
 def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str) -> None:
     """A stage that failed: the bug where ``expected_stage`` was expected, else unexpected."""
     fill_failure(rec, stage)
-    if rec.expected == expected_stage and is_bug(stage.cause):
+    if rec.expected == expected_stage and is_bug(stage.cause, rules_for(rec.modelopt, rec.mcore)):
         rec.outcome = "bug-reproduced"
     else:
         rec.outcome = "unexpected-failure"

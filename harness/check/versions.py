@@ -1,13 +1,14 @@
-"""What each nvidia-modelopt version does to a TEGroupedMLP checkpoint: one place, as data.
+"""What each (nvidia-modelopt, megatron-core) pair does to a TEGroupedMLP checkpoint: one place,
+as data.
 
-Every expectation the harness judges against comes from the ``Behaviour`` of the ModelOpt
-version a cell actually ran in (recorded by its ranks), never from the harness's own output.
-Each entry says where in that version's sources the rule was read; the recorded GPU metadata
-(tests/data/recorded/<version>/) and the GPU runs under docs/runs/ check it.
+The bug depends on both packages: ModelOpt builds the amax ShardedTensors with megatron-core's
+helpers, and what those helpers put in replica_id changed in megatron-core 0.16. Every
+expectation the harness judges against comes from the rule of the pair a cell actually ran in
+(recorded by its ranks), never from the harness's own output. Each rule says where in both
+packages' sources it was read; recorded GPU metadata and the runs under docs/runs/ check it.
 
-A version not listed here gets ``UNKNOWN``: a notice, and the witness keeps the last buggy
-release's expectations, so a release that fixed the bug shows up as ``unexpected-pass`` (the bug
-is gone: review it and add an entry) and any other failure as ``unexpected-failure``.
+A pair not listed gets ``UNKNOWN`` ("rule unknown"): nothing is predicted, its cells are judged
+``rule-unknown``; never another pair's rule.
 """
 from __future__ import annotations
 
@@ -24,13 +25,31 @@ SHARED, PER_EXPERT = "shared", "per-expert"
 RESTORED, NOT_RESTORED = "restored", "not-restored"
 
 
+# megatron-core bands whose sources differ where it matters (read from the wheels):
+# < 0.16: TEGroupedMLP.sharded_state_dict is wrapped in expert_dist_ckpt_decorator (0.15.3
+#   transformer/moe/experts.py:62-94, applied at :965), which swaps parallel_state's TP rank for
+#   the expert-TP rank during the call; make_sharded_tensors_for_checkpoint takes no group
+#   arguments (0.15.3 transformer/utils.py:76-82) and defaults replica_id to
+#   (0, get_tensor_model_parallel_rank(), dense DP rank) (0.15.3 utils.py:836-856).
+# >= 0.16: the decorator is gone (0.16.1 moe/experts.py:768-781 passes tp_group=self.tp_group to
+#   the sub-modules instead; Megatron-LM #2053/#2506), make_sharded_tensors_for_checkpoint takes
+#   tp_group/dp_cp_group (0.16.1 transformer/utils.py:81-82; 0.19.2 :101-102) and without them
+#   uses the DENSE TP and DP groups (0.16.1 utils.py:1017-1020).
+# Only the releases whose sources were read (0.15.3, 0.16.1, 0.19.2; the 0.15/0.16 patch series
+# with them); 0.17.x-0.19.0 were not read, so their pairs are "rule unknown".
+MCORE_DECORATOR_ERA, MCORE_GROUPS_ERA = "==0.15.*", "==0.16.* || ==0.19.2"
+REFERENCE_MCORE = "0.19.2"  # every run before pairs were recorded used it
+
+
 @dataclass(frozen=True)
 class Behaviour:
+    """The rule of one (nvidia-modelopt, megatron-core) pair."""
+
     label: str
-    specifier: str  # PEP 440, matched against the installed version (pre-releases included)
+    specifier: str  # PEP 440 for nvidia-modelopt (pre-releases included)
     layout: str  # SHARED | PER_EXPERT
-    # replica_id rule of the per-expert weight-quantizer amax (harness/topology/oracle.py); None: the
-    # layout has no per-expert amax, so nothing can collide.
+    # replica_id rule of the per-expert weight-quantizer amax (harness/topology/oracle.py:
+    # "dense-tp" | "expert-tp"); None: the layout has no per-expert amax, so nothing can collide.
     replica_rule: str | None
     # The second bug: load_state_dict re-calibrates a GroupedQuantizer through expert 0 only,
     # so a load rank holding several experts loses every other expert's amax.
@@ -42,19 +61,50 @@ class Behaviour:
     plugin_needs_te: bool = False
     source: str = ""
     known: bool = True
+    mcore: str = MCORE_GROUPS_ERA  # PEP 440 for megatron-core; "||" separates alternatives
+    # replica_id rule of a grouped linear's SHARED input_quantizer amax (one key per pp stage,
+    # oracle.shared_collisions): "dense-tp-dense-dp" (unique) or "expert-tp-dense-dp" (under
+    # megatron-core < 0.16's decorator: collides whenever TP > ETP).
+    shared_rule: str = "dense-tp-dense-dp"
+    # Every TEGroupedMLP sharded_state_dict call raises this (save, and a load's request alike):
+    # the pair cannot save at all. None: it can.
+    cannot_save: str | None = None
+    checked_on: str = ""  # where the rule was checked (tier and run), "" = source reading only
 
-    def matches(self, version: str) -> bool:
-        return SpecifierSet(self.specifier, prereleases=True).contains(version)
+    def matches(self, version: str, mcore: str | None = None) -> bool:
+        return (SpecifierSet(self.specifier, prereleases=True).contains(version)
+                and any(SpecifierSet(alt.strip(), prereleases=True).contains(mcore or REFERENCE_MCORE)
+                        for alt in self.mcore.split("||") if alt.strip()))
 
-    def notice(self, version: str | None) -> str | None:
-        """One line for reports when the expectations are not this version's own."""
+    def notice(self, version: str | None, mcore: str | None = None) -> str | None:
+        """One line for reports when the pair has no rule of its own."""
         if self.known:
             return None
-        return (f"nvidia-modelopt {version} is not known to the harness (harness/check/versions.py): "
-                f"judged with {LAST_BUGGY}'s expectations, so `unexpected-pass` means the bug "
-                "is gone in this version; review it and add an entry")
+        return (f"(nvidia-modelopt {version}, megatron-core {mcore or installed_mcore()}): rule "
+                "unknown (harness/check/versions.py has no rule for this pair); its cells are "
+                "judged `rule-unknown` (what ran is recorded, nothing is predicted); read both "
+                "packages' sources and add a rule")
+
+    def failure_kind(self, topo_fails_expert: bool, topo_fails_shared: bool) -> str | None:
+        """What a failing save under this pair's rule raises, in words (for records)."""
+        if self.cannot_save:
+            return self.cannot_save
+        if topo_fails_expert:
+            return "CheckpointingException on a per-expert weight_quantizer._amax"
+        if topo_fails_shared:
+            return "CheckpointingException on a grouped linear's shared input_quantizer._amax"
+        return None
 
 
+_GOLDENS_PER_EXPERT = {"shared": NOT_RESTORED, "complete": RESTORED, "incomplete": NOT_RESTORED}
+_SRC_047 = ("0.47.0 plugins/megatron.py:936 make_sharded_tensors_for_checkpoint(expert_state, '', "
+            "expert_axis, new_sharded_offsets) with no groups, then :944-946 replica_id[2] := "
+            "expert-DP rank; :906 shared buffers the same way; plugins/custom.py "
+            "modelopt_post_restore resets and re-calibrates the GroupedQuantizer")
+_SRC_048 = ("0.48.0rc1 plugins/megatron.py:982-989 make_sharded_tensors_for_checkpoint(..., "
+            "tp_group=expt_tp_group, dp_cp_group=expt_dp_group) (groups from "
+            "_expert_parallel_groups :886-895); shared buffers with the defaults (:967-971); "
+            "plugins/custom.py skips GroupedQuantizer in modelopt_post_restore")
 KNOWN = (
     Behaviour(
         label="0.46.x", specifier="<0.47.0", layout=SHARED, replica_rule=None,
@@ -62,51 +112,86 @@ KNOWN = (
         golden_restore={"shared": RESTORED, "complete": NOT_RESTORED, "incomplete": NOT_RESTORED},
         source="0.46.1 plugins/transformer_engine.py: one weight_quantizer per grouped linear "
                "(no per-expert amax keys); a per-expert checkpoint's keys do not exist there",
+        checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261202-204604-matrix.md)",
     ),
     Behaviour(
-        label="0.47.0", specifier="==0.47.0", layout=PER_EXPERT, replica_rule="buggy",
-        drops_expert_amax_on_reload=True,
-        golden_restore={"shared": NOT_RESTORED, "complete": RESTORED, "incomplete": NOT_RESTORED},
-        fix_applies=True,
-        source="0.47.0 plugins/megatron.py _QuantMegatronTEGroupedLinear.sharded_state_dict "
-               "(make_sharded_tensors_for_checkpoint without tp_group/dp_cp_group: dense TP "
-               "rank in replica_id); plugins/custom.py modelopt_post_restore resets and "
-               "re-calibrates the GroupedQuantizer",
+        label="0.47.0 + mcore 0.16.x|0.19.2", specifier="==0.47.0", layout=PER_EXPERT,
+        replica_rule="dense-tp", drops_expert_amax_on_reload=True,
+        golden_restore=_GOLDENS_PER_EXPERT, fix_applies=True,
+        source=f"{_SRC_047}; megatron-core >= 0.16 fills replica_id[1] from the DENSE TP group "
+               "(0.16.1 core/utils.py:1017-1020; 0.19.2 the same)",
+        checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261202-122731-witness.md); "
+                   "0.16.1: cpu-tier real validation (tests/test_oracle_vs_megatron.py)",
     ),
     Behaviour(
-        label="0.48.0rc1", specifier="==0.48.0rc1", layout=PER_EXPERT, replica_rule="fixed",
-        drops_expert_amax_on_reload=False,
-        golden_restore={"shared": NOT_RESTORED, "complete": RESTORED, "incomplete": NOT_RESTORED},
+        label="0.47.0 + mcore 0.15", specifier="==0.47.0", mcore=MCORE_DECORATOR_ERA,
+        layout=PER_EXPERT, replica_rule="expert-tp", shared_rule="expert-tp-dense-dp",
+        drops_expert_amax_on_reload=True, golden_restore=_GOLDENS_PER_EXPERT,
+        source=f"{_SRC_047}; under megatron-core 0.15's expert_dist_ckpt_decorator (0.15.3 "
+               "moe/experts.py:62-94 on TEGroupedMLP.sharded_state_dict :965) "
+               "get_tensor_model_parallel_rank() is the EXPERT-TP rank (0.15.3 "
+               "parallel_state.py:1509-1514): per-expert amax get (0, etp, edp), no collision; "
+               "but the shared input_quantizer._amax keeps the DENSE DP rank (0.15.3 "
+               "utils.py:845-856): (0, etp, dp) collides whenever TP > ETP",
+        checked_on="cpu-tier real validation (tests/test_oracle_vs_megatron.py); GPU pending",
+    ),
+    Behaviour(
+        label="0.48.0rc1 + mcore 0.16.x|0.19.2", specifier="==0.48.0rc1", layout=PER_EXPERT,
+        replica_rule="expert-tp", drops_expert_amax_on_reload=False,
+        golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
+        source=_SRC_048 + "; megatron-core >= 0.16 honours the groups (0.16.1 "
+               "transformer/utils.py:81-82, core/utils.py:1009-1020)",
+        checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261203-000204-matrix.md)",
+    ),
+    Behaviour(
+        label="0.48.0rc1 + mcore 0.15", specifier="==0.48.0rc1", mcore=MCORE_DECORATOR_ERA,
+        layout=PER_EXPERT, replica_rule="expert-tp", shared_rule="expert-tp-dense-dp",
+        drops_expert_amax_on_reload=False, golden_restore=_GOLDENS_PER_EXPERT,
         plugin_needs_te=True,
-        source="0.48.0rc1 plugins/megatron.py sharded_state_dict passes tp_group=expert TP, "
-               "dp_cp_group=expert DP (_expert_parallel_groups); plugins/custom.py skips "
-               "GroupedQuantizer in modelopt_post_restore; _initialize_grouped_weight_quantizer"
-               "_state registers zero _amax placeholders for experts without one",
+        cannot_save="TypeError: make_sharded_tensors_for_checkpoint() got an unexpected keyword "
+                    "argument 'tp_group'",
+        source=_SRC_048 + "; megatron-core 0.15.3 transformer/utils.py:76-82 has no tp_group "
+               "parameter, so every TEGroupedMLP sharded_state_dict (save, and a load's request) "
+               "raises TypeError",
+        checked_on="the TypeError: cpu tier (the harness's own probe hit it on 0.15.3 before "
+                   "its shim); GPU pending",
     ),
 )
 LAST_BUGGY = "0.47.0"
 DEFAULT_MATRIX = ("0.46.1", "0.47.0", "0.48.0rc1")  # `make matrix` without MODELOPT=
-
-
-def _last_buggy() -> Behaviour:
-    return next(b for b in KNOWN if b.label == LAST_BUGGY)
+DEFAULT_MCORE_MATRIX = (REFERENCE_MCORE,)  # `make matrix` without MCORE=
 
 
 UNKNOWN = Behaviour(
-    **{**_last_buggy().__dict__, "label": f"unknown (as {LAST_BUGGY})", "specifier": "",
-       "fix_applies": False, "known": False,
-       "source": f"no entry: {LAST_BUGGY}'s expectations, the witness asks whether the bug is gone"},
+    label="rule unknown", specifier="", layout=PER_EXPERT, replica_rule=None,
+    drops_expert_amax_on_reload=False, known=False, mcore="",
+    source="no rule for this (nvidia-modelopt, megatron-core) pair: nothing is predicted",
 )
 
 
 @functools.lru_cache(maxsize=None)
-def behaviour_for(version: str | None) -> Behaviour:
-    """The Behaviour of an installed version string; UNKNOWN for anything not listed."""
+def rules_for(modelopt: str | None, mcore: str | None) -> Behaviour:
+    """The rule of a (nvidia-modelopt, megatron-core) pair; UNKNOWN for a pair not listed."""
     try:
-        Version(version or "")
+        Version(modelopt or "")
+        Version(mcore or "")
     except InvalidVersion:
         return UNKNOWN
-    return next((b for b in KNOWN if b.matches(version)), UNKNOWN)
+    return next((b for b in KNOWN if b.matches(modelopt, mcore)), UNKNOWN)
+
+
+def behaviour_for(version: str | None, mcore: str | None = None) -> Behaviour:
+    """The rule of ``version`` with ``mcore`` (default: the megatron-core installed here)."""
+    return rules_for(version, mcore or installed_mcore())
+
+
+def installed_mcore() -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version("megatron-core")
+    except md.PackageNotFoundError:
+        return None
 
 
 def installed_modelopt() -> str | None:

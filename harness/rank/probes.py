@@ -41,6 +41,41 @@ def validation_error(sharded_sd) -> str | None:
     return None
 
 
+def takes_groups() -> bool:
+    """megatron-core >= 0.16's make_sharded_tensors_for_checkpoint takes tp_group/dp_cp_group
+    (0.16.1 transformer/utils.py:81-82); 0.15.x's does not (0.15.3 transformer/utils.py:76-82)."""
+    import inspect
+
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    return "tp_group" in inspect.signature(make_sharded_tensors_for_checkpoint).parameters
+
+
+def _expert_tp_ranked(make):
+    """``make`` with the tensor-parallel rank swapped for the expert-TP rank, the way megatron-core
+    < 0.16 does it around every expert layer's sharded_state_dict: its own
+    ``expert_dist_ckpt_decorator`` (0.15.3 transformer/moe/experts.py:62-94, applied to
+    TEGroupedMLP.sharded_state_dict at :965). Version-gated shim: only used where the group
+    arguments do not exist."""
+    from megatron.core.transformer.moe.experts import expert_dist_ckpt_decorator
+
+    return expert_dist_ckpt_decorator(make)
+
+
+def shared_amax_entries() -> dict:
+    """A grouped linear's shared ``input_quantizer._amax``: one key per pp stage, made with
+    megatron-core's defaults (ModelOpt 0.47.0/0.48.0rc1 make it so), under the decorator where
+    megatron-core has one."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    layer = ps.get_pipeline_model_parallel_rank()
+    make = make_sharded_tensors_for_checkpoint if takes_groups() else _expert_tp_ranked(
+        make_sharded_tensors_for_checkpoint)
+    return make({"input_quantizer._amax": torch.ones(1)},
+                f"decoder.layers.{layer}.mlp.experts.experts.linear_fc1.", {}, ())
+
+
 def expert_amax_entries(rule: str, num_local: int) -> dict:
     """Per-expert ``weight_quantizer.{i}._amax`` ShardedTensors for this rank (singleton keys)."""
     from megatron.core import parallel_state as ps
@@ -59,11 +94,15 @@ def expert_amax_entries(rule: str, num_local: int) -> dict:
             sub = make_sharded_tensors_for_checkpoint(state, "", {}, ())
             for sh in sub.values():
                 sh.replica_id = (*sh.replica_id[:2], edp_group.rank())
-        else:  # fixed: expert TP and expert DP groups, as Megatron does for expert weights
+        elif takes_groups():  # fixed: expert TP and expert DP groups, as Megatron does for weights
             sub = make_sharded_tensors_for_checkpoint(
                 state, "", {}, (),
                 tp_group=ps.get_expert_tensor_parallel_group(), dp_cp_group=edp_group,
             )
+        else:  # fixed on megatron-core < 0.16: the decorator's expert-TP rank, then edp
+            sub = _expert_tp_ranked(make_sharded_tensors_for_checkpoint)(state, "", {}, ())
+            for sh in sub.values():
+                sh.replica_id = (*sh.replica_id[:2], edp_group.rank())
         replace_prefix_for_sharding(sub, f"{i}.", f"{prefix}experts.{g}.linear_fc1.")
         out.update({f"{prefix}linear_fc1.weight_quantizer.{i}._amax": sh for sh in sub.values()})
     return out
@@ -86,6 +125,7 @@ def probe_oracle(topologies: list[str], num_experts: int) -> dict:
             rule: validation_error(expert_amax_entries(rule, num_experts // topo.ep))
             for rule in ("buggy", "fixed")
         }
+        results[topo.id]["shared"] = validation_error(shared_amax_entries())
         ps.destroy_model_parallel()
     return results
 

@@ -72,6 +72,12 @@ def peak_memory() -> dict:
     return out
 
 
+def _mcore_0_15_shimmed() -> bool:
+    from megatron.core.transformer.moe import moe_utils
+
+    return bool(getattr(moe_utils, "_harness_shimmed", False))
+
+
 def prepare_rank(spec: StageSpec, clock: Clock):
     """Imports, patch, process groups, model: the part both stages share."""
     if spec.tier == "cpu":
@@ -114,6 +120,8 @@ def record_environment() -> None:
         "nvidia-modelopt": modelopt.__version__, "megatron-core": megatron.core.__version__,
         "torch": torch.__version__, "transformer-engine": getattr(te, "__version__", None),
         "modelopt_path": str(Path(modelopt.__file__).parent),
+        # version-gated shims this stage ran with (harness/model/cpu_shims.py), said in results
+        "shims": ["mcore-0.15-te_general_gemm"] if _mcore_0_15_shimmed() else [],
     })
 
 

@@ -91,7 +91,7 @@ def prepare_golden(name: str, save_dir: Path, golden_root: Path = GOLDEN_DIR) ->
 
 def _runtime_layout() -> str:
     """The quantizer layout of the modelopt the load ranks import (this interpreter's)."""
-    return behaviour_for(installed_modelopt()).layout
+    return behaviour_for(installed_modelopt()).layout  # the installed pair's
 
 
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
@@ -182,5 +182,6 @@ def _note_stage(rec: CellRecord, which: str, stage: StageResult) -> None:
 
 
 def _finish(rec: CellRecord, cell: Cell, run_dir: Path) -> CellRecord:
+    judge.settle_unknown(rec)
     write_record(rec, run_dir / "cells" / safe_name(cell.id) / "record.json")
     return rec

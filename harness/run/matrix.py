@@ -55,14 +55,31 @@ MATRIX_CELLS = (
     "gpu-golden-witness*",
     "cpu-reshard[save=tp1-etp1-ep2-pp1,load=tp1-etp1-ep1-pp1]",
 )
+# The deciding cells per (modelopt, megatron-core) pair (MATRIX_CELLS_SET=pairs; issue 24), kept
+# small because six pairs share one GPU: the report's and Ultra's shape (tp4-etp1-ep8 saved and
+# reloaded), the Nano QAD cell, a TP < ETP load where a rank holds every expert (second bug),
+# the patched Nano cell, every golden.
+PAIR_CELLS = (
+    "gpu-witness[save=tp4-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
+    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
+    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp2-ep1-pp1]",
+    "gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
+    "gpu-golden-witness*",
+)
+
+
+def cell_set() -> tuple[str, ...]:
+    return PAIR_CELLS if os.environ.get("MATRIX_CELLS_SET") == "pairs" else MATRIX_CELLS
+
+
 IMPORT_PROBE = (
     "import warnings; warnings.filterwarnings('ignore');"
     "import torch, megatron.core, modelopt, modelopt.torch.quantization;"
     "from modelopt.torch.opt.plugins.mcore_dist_checkpointing import save_sharded_modelopt_state;"
-    "from harness.check.versions import plugin_problem, behaviour_for;"
-    "b = behaviour_for(modelopt.__version__);"
+    "from harness.check.versions import plugin_problem, rules_for;"
+    "b = rules_for(modelopt.__version__, megatron.core.__version__);"
     "print('modelopt', modelopt.__version__, 'megatron-core', megatron.core.__version__,"
-    " 'torch', torch.__version__, '| rules', b.label, '|', plugin_problem() or 'plugin ok')"
+    " 'torch', torch.__version__, '| rule', b.label, '|', plugin_problem() or 'plugin ok')"
 )
 TIMEOUTS = {"env": 900, "import": 300, "run": 900, "oracle": 600}
 
@@ -95,6 +112,30 @@ def versions_from(args) -> list[str]:
         elif not re.fullmatch(r"(git:)?[0-9A-Za-z][0-9A-Za-z._+/-]*", v):
             raise ValueError(f"--modelopt {v!r}: not a version, a wheel file or git:<ref>")
     return vs
+
+
+def mcores_from(args) -> list[str]:
+    """``--mcore`` values in order, a series (0.15.x) resolved to its newest tested patch;
+    ValueError (one line) for a value that is not a release or a tested series."""
+    from harness.check.versions import DEFAULT_MCORE_MATRIX
+    from harness.scenario.machine import SUPPORTED_MCORE
+
+    out = []
+    for v in getattr(args, "mcore", None) or DEFAULT_MCORE_MATRIX:
+        if v.endswith(".x"):
+            series = [m for m in SUPPORTED_MCORE if m.startswith(v[:-1])]
+            if not series:
+                raise ValueError(f"--mcore {v!r}: no tested megatron-core in that series "
+                                 f"(tested: {', '.join(SUPPORTED_MCORE)})")
+            v = series[-1]
+        elif not re.fullmatch(r"\d+\.\d+\.\d+[0-9a-z.]*", v):
+            raise ValueError(f"--mcore {v!r}: not a megatron-core release (e.g. 0.16.1) or series (0.16.x)")
+        out.append(v)
+    return list(dict.fromkeys(out))
+
+
+def pair_label(modelopt: str, mcore: str) -> str:
+    return f"{modelopt} + mcore {mcore}"
 
 
 def column_of(record: dict) -> str:
@@ -137,8 +178,14 @@ def cells_from_results(doc: dict) -> dict[str, TableEntry]:
         st = (c.get("verify") or {}).get("expert_amax_state")
         if col == "second-bug" and st and st.get("saved"):
             lost.setdefault(col, []).append(f"{st['saved'] - st['restored']}/{st['saved']}")
+        if c["outcome"] in ("bug-reproduced", "unexpected-failure", "rule-unknown") and (
+                c.get("exception_type") or c.get("failing_key")):
+            # what failed, named exactly (the key with its layer/expert numbers folded)
+            key = re.sub(r"\.\d+\.", ".N.", c.get("failing_key") or "")
+            exc = (c.get("exception_type") or "error").rsplit(".", 1)[-1]
+            reasons.setdefault(col, Counter())[f"{exc}" + (f" on {key}" if key else "")] += 1
     for col, r in reasons.items():
-        out[col].note = r.most_common(1)[0][0]
+        out[col].note = "; ".join(k for k, _ in r.most_common(2))
     for col, figures in lost.items():
         out[col].note = "expert amax lost per load: " + ", ".join(figures)
     return out
@@ -182,9 +229,39 @@ def cell_from_pytest(rc: int | None, output: str) -> TableEntry:
     return TableEntry(counts, ["cpu"], "megatron-core only, modelopt not exercised")
 
 
+PAIR_COLUMNS = ("witness", "second-bug", "fix", "goldens")
+
+
+def _short(entry: TableEntry | None) -> str:
+    if entry is None or not entry.counts:
+        return (entry.note if entry else "") or "-"
+    return ", ".join(f"{n} {o}" for o, n in sorted(entry.counts.items(), key=lambda x: (-x[1], x[0])))
+
+
+def render_pair_table(rows: dict[str, dict[str, TableEntry]], pairs: dict[str, tuple[str, str]]) -> str:
+    """The 2-D table: modelopt x megatron-core -> witness / second bug / fix / goldens."""
+    mos = list(dict.fromkeys(mo for mo, _ in pairs.values()))
+    mcs = list(dict.fromkeys(mc for _, mc in pairs.values()))
+    lines = ["| modelopt \\ megatron-core | " + " | ".join(mcs) + " |",
+             "| --- |" + " --- |" * len(mcs)]
+    for mo in mos:
+        cells = []
+        for mc in mcs:
+            label = next((k for k, p in pairs.items() if p == (mo, mc)), None)
+            row = rows.get(label) if label else None
+            if row is None:
+                cells.append("not run")
+            elif "witness" not in row and "import" in row and not row["import"].counts.get("pass"):
+                cells.append(f"no env/import: {row['import'].note or '-'}")
+            else:
+                cells.append(" / ".join(_short(row.get(c)) for c in PAIR_COLUMNS))
+        lines.append(f"| {mo} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n(each cell: " + " / ".join(PAIR_COLUMNS) + ")"
+
+
 def render_table(rows: dict[str, dict[str, TableEntry]], columns=COLUMNS) -> str:
     """Markdown table, version x scenario -> outcome counts [tier]."""
-    head = "| modelopt | " + " | ".join(columns) + " |"
+    head = "| modelopt + megatron-core | " + " | ".join(columns) + " |"
     sep = "| --- |" + " --- |" * len(columns)
     lines = [head, sep]
     for v, cells in rows.items():
@@ -220,11 +297,15 @@ def _env_name(v: str) -> str:
     return re.sub(r"[^0-9A-Za-z._+-]+", "_", Path(v).name if v.endswith(".whl") else v)
 
 
-def run_version(v: str, root: Path) -> tuple[dict[str, TableEntry], list[dict]]:
-    """Environment, import probe, scenario run and oracle probe for one ModelOpt version;
-    returns the table cells and the run's cell records."""
-    logs = root / _env_name(v)
-    rc, out = _run(["bash", "tools/matrix-env.sh", v], TIMEOUTS["env"], logs / "env.log")
+def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str, TableEntry], list[dict]]:
+    """Environment, import probe, scenario run and oracle probe for one (ModelOpt, megatron-core)
+    pair; returns the table cells and the run's cell records (each naming both versions)."""
+    from harness.check.versions import REFERENCE_MCORE
+
+    logs = root / (_env_name(v) + (f"-mc{mcore}" if mcore else ""))
+    # the reference megatron-core is the base environment's own: no layer for it
+    mc_env = {"MATRIX_MCORE": mcore if mcore and mcore != REFERENCE_MCORE else ""}
+    rc, out = _run(["bash", "tools/matrix-env.sh", v], TIMEOUTS["env"], logs / "env.log", mc_env)
     if rc != 0:
         why = "timed out" if rc is None else _last_line(out)
         return {"import": TableEntry(note=f"no env: {why}")}, []
@@ -237,10 +318,10 @@ def run_version(v: str, root: Path) -> tuple[dict[str, TableEntry], list[dict]]:
         return cells, []  # nothing else can run in this env
     cells["import"] = TableEntry({"pass": 1}, ["cpu"], _last_line(out).replace("modelopt ", "", 1))
     cmd = [py, "-m", "harness", "--results-root", str(logs / "results"), "run", "--label",
-           f"matrix-{_env_name(v)}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
-    for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in MATRIX_CELLS):
+           f"matrix-{logs.name}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
+    for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in cell_set()):
         cmd += ["--scenario", s]
-    for c in MATRIX_CELLS:
+    for c in cell_set():
         cmd += ["--cells", c]
     rc, out = _run(cmd, TIMEOUTS["run"], logs / "run.log")
     found = sorted((logs / "results").glob("*/results.json"))
@@ -276,21 +357,27 @@ def from_files(dirs: list[str]) -> dict[str, tuple[dict[str, TableEntry], list[d
 def main(args) -> int:
     try:
         versions = versions_from(args)
+        mcores = mcores_from(args)
         earlier = from_files(getattr(args, "from_runs", None) or [])
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if earlier and not getattr(args, "modelopt", None):
         versions = []  # render only
+    pairs = {pair_label(v, mc): (v, mc) for v in versions for mc in mcores}
     root = Path(getattr(args, "results_root", "results")) / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}"
-    jobs = int(os.environ.get("MATRIX_JOBS", len(versions)))
-    print(f"matrix: modelopt {', '.join(versions)} -> {root} (logs per version; {jobs} at a time)",
+    jobs = int(os.environ.get("MATRIX_JOBS", len(pairs) or 1))
+    print(f"matrix: {', '.join(pairs)} -> {root} (logs per pair; {jobs} at a time)",
           file=sys.stderr)
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        done = {**earlier, **dict(zip(versions, pool.map(lambda v: run_version(v, root), versions)))}
+        ran = pool.map(lambda p: run_version(p[0], root, p[1]), pairs.values())
+        done = {**earlier, **dict(zip(pairs, ran))}
+    for label, (_, recs) in done.items():  # rows read back from files name their pair too
+        if label not in pairs and recs:
+            pairs[label] = (recs[0].get("modelopt") or label, recs[0].get("mcore") or "0.19.2")
     rows = {v: cells for v, (cells, _) in done.items()}
-    table = render_table(rows)
+    table = render_pair_table(rows, pairs) + "\n\n" + render_table(rows)
     goldens = goldens_table({v: recs for v, (_, recs) in done.items()})
     root.mkdir(parents=True, exist_ok=True)
     (root / "matrix.md").write_text(f"{table}\n\nGoldens, loaded unpatched:\n\n{goldens}\n")
@@ -302,5 +389,6 @@ def main(args) -> int:
     print(f"\n[tier] = where the cell ran; gpu tiers are skipped without a GPU. "
           f"{time.time() - t0:.0f} s; {root}/matrix.md")
     bad = any(n for cells in rows.values() for c in cells.values()
-              for o, n in c.counts.items() if o in ("fail", "failed", "error", "errors", *UNEXPECTED_OUTCOMES))
+              for o, n in c.counts.items()
+              if o in ("fail", "failed", "error", "errors", "rule-unknown", *UNEXPECTED_OUTCOMES))
     return 1 if bad else 0

@@ -129,7 +129,11 @@ class Cell:
         s = self.scenario
         if s.expect == "pass":
             return "pass"
+        if not behaviour.known:
+            return "rule-unknown"  # no rule for the pair: predict nothing
         patched = s.patch == "fix"
+        if behaviour.cannot_save and s.backend == "te":  # every sharded_state_dict call raises
+            return "fail-load" if self.golden else "fail-save"
         if self.golden and not patched:
             try:
                 layout = golden_layout(self.golden, s.golden_root)
@@ -138,10 +142,16 @@ class Cell:
                                     s.name) from None
             if behaviour.golden_restore.get(layout) != "restored":
                 return "not-restored"
-        rule = "fixed" if patched else behaviour.replica_rule
-        if rule and oracle.predicts_failure(self.save, rule):
+        rule = "expert-tp" if patched else behaviour.replica_rule
+        shared = behaviour.shared_rule if s.backend == "te" else None
+
+        def fails(topo) -> bool:
+            return bool((rule and oracle.predicts_failure(topo, rule))
+                        or (shared and oracle.shared_collisions(topo, shared)))
+
+        if fails(self.save):
             return "fail-save"
-        if rule and self.load and oracle.predicts_failure(self.load, rule):
+        if self.load and fails(self.load):
             return "fail-load"
         if (self.load and not patched and s.backend == "te"
                 and behaviour.drops_expert_amax_on_reload

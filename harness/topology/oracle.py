@@ -1,13 +1,19 @@
 """Collision-map oracle: which topologies give each per-expert weight-quantizer amax exactly one
-main replica, under modelopt 0.47.0's replica_id rule and under the fixed rule.
+main replica, under each replica_id rule a (ModelOpt, megatron-core) pair can produce.
 
 A fast model of megatron-core's ``validate_sharding_integrity`` for the per-expert ``_amax``
 entries only; it is NOT the real thing. It is cross-checked against the real megatron-core
 validation (tests/test_oracle_vs_megatron.py) and against metadata recorded on GPUs.
 
-The rules (findings.md, modelopt 0.47.0 ``_QuantMegatronTEGroupedLinear.sharded_state_dict``):
-- buggy: replica_id = (0, DENSE tp rank, expert dp rank)
-- fixed: replica_id = (0, EXPERT tp rank, expert dp rank)
+The rules are named by the rank that lands in replica_id[1]; which pair gives which is read from
+both packages' sources in harness/check/versions.py:
+- dense-tp (alias buggy): replica_id = (0, DENSE tp rank, expert dp rank)  [per-expert amax]
+- expert-tp (alias fixed): replica_id = (0, EXPERT tp rank, expert dp rank)  [per-expert amax]
+- dense-tp-dense-dp: replica_id = (0, dense tp rank, dense dp rank) for that tensor on
+  megatron-core >= 0.16 (no decorator): always one main replica per stage.
+- expert-tp-dense-dp: replica_id = (0, EXPERT tp rank, DENSE dp rank) for a tensor that has ONE
+  copy per pipeline stage (a grouped linear's shared input_quantizer amax under megatron-core
+  < 0.16's expert_dist_ckpt_decorator); ``shared_collisions`` counts it per pp stage.
 A ShardedTensor is a main replica when every replica_id entry is 0; validation (global rank 0)
 requires exactly one main replica for every global expert of every pipeline stage.
 """
@@ -19,15 +25,32 @@ from dataclasses import asdict, dataclass, field
 from harness.topology.coords import RankCoords, rank_coords
 from harness.topology.topology import Topology, enumerate_topologies
 
-RULES = ("buggy", "fixed")
+DENSE_TP, EXPERT_TP = "dense-tp", "expert-tp"
+EXPERT_TP_DENSE_DP, DENSE_TP_DENSE_DP = "expert-tp-dense-dp", "dense-tp-dense-dp"
+ALIASES = {"buggy": DENSE_TP, "fixed": EXPERT_TP}
+RULES = ("buggy", "fixed", DENSE_TP, EXPERT_TP, EXPERT_TP_DENSE_DP, DENSE_TP_DENSE_DP)
 
 
 def replica_id(c: RankCoords, rule: str) -> tuple[int, int, int]:
-    if rule == "buggy":
+    rule = ALIASES.get(rule, rule)
+    if rule == DENSE_TP:
         return (0, c.tp, c.edp)
-    if rule == "fixed":
+    if rule == EXPERT_TP:
         return (0, c.etp, c.edp)
+    if rule == EXPERT_TP_DENSE_DP:
+        return (0, c.etp, c.dp)
+    if rule == DENSE_TP_DENSE_DP:  # megatron-core's defaults outside an expert decorator
+        return (0, c.tp, c.dp)
     raise ValueError(f"unknown replica rule {rule!r}; expected one of {RULES}")
+
+
+def shared_collisions(topo: Topology, rule: str) -> list[Collision]:
+    """Main-replica counts that are not 1 for a tensor with one copy per pp stage (every rank of
+    the stage holds the same key), reported with ep = -1."""
+    counts = Counter()
+    for c in rank_coords(topo):
+        counts[c.pp] += replica_id(c, rule) == (0, 0, 0)
+    return [Collision(pp, -1, n) for pp, n in sorted(counts.items()) if n != 1]
 
 
 @dataclass

@@ -10,6 +10,10 @@
 #   nano       the Nano QAD fix cell three times concurrently (its logits anomaly in fix2)
 #   routing    the Nano cell + a passing tp4-etp1-ep8 load, router selections compared
 #   matrix     the decisive cells per modelopt version (MATRIX_VERSIONS), wheels carried
+#   pairs      the deciding cells per (modelopt, megatron-core) pair: PAIRS_MODELOPT (default
+#              0.47.0 0.48.0rc1) x PAIRS_MCORE (default 0.15.3 0.16.1 0.19.2); carry .whl-048
+#              .whl-mc0153 .whl-mc0161 (py3.12 manylinux wheels, installed with --target first
+#              on PYTHONPATH); the 2-D table and the records land in $OUT
 #   record-next  metadata recordings under a later release (RECORD_VERSION)
 #   pipeline   pp2 saves and loads at 128 experts, patched and unpatched (gpu-pipeline*)
 #   shape-nano, shape-ultra  the quarantined jobs at their production parallel shapes (8/16 ranks)
@@ -86,6 +90,14 @@ case "$1" in
     MATRIX_ENV_MODE=system MATRIX_BASE_PYTHON=python3 $H matrix \
       $(for v in ${MATRIX_VERSIONS:-0.46.1 0.47.0 0.48.0rc1}; do echo "--modelopt $v"; done)
     cp $R/matrix-*/matrix.md $R/matrix-*/matrix.json "$OUT"/ 2>/dev/null ;;
+  pairs)  # issue 24: 6 pairs at once, each a few cells at a time (16 cores)
+    MATRIX_ENV_MODE=system MATRIX_BASE_PYTHON=python3 MATRIX_JOBS=${PAIRS_JOBS:-6} \
+      MATRIX_RUN_JOBS=${PAIRS_RUN_JOBS:-2} MATRIX_CELLS_SET=pairs $H matrix \
+      $(for v in ${PAIRS_MODELOPT:-0.47.0 0.48.0rc1}; do echo "--modelopt $v"; done) \
+      $(for v in ${PAIRS_MCORE:-0.15.3 0.16.1 0.19.2}; do echo "--mcore $v"; done)
+    d=$(ls -d $R/matrix-* | tail -1)
+    cp "$d/matrix.md" "$d/matrix.json" "$OUT"/ 2>/dev/null
+    tar czf "$OUT/pairs-logs.tgz" --exclude='*/ckpt' --exclude='*/reference' --exclude='*/saves' "$d" 2>/dev/null ;;
   record-next)  # unpatched metadata under a later release (RECORD_VERSION, default 0.48.0rc1;
                 # carry its .whl-<digits>) -> tests/data/recorded/<version>/
     V=${RECORD_VERSION:-0.48.0rc1}
