@@ -22,40 +22,99 @@ def _scenario(name):
     return next(s for s in load_all() if s.name == name)
 
 
+WITNESS_SAVE = "gpu-witness[save=tp2-etp1-ep2-pp1,save-only]"
+NANO = "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]"
+SECOND_BUG = "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp1-ep1-pp1]"
+
+
 def _cell(scenario, cell_id):
     return next(c for c in _scenario(scenario).cells() if c.id == cell_id)
 
 
 @pytest.mark.parametrize("version,label", [
-    ("0.45.0", "0.46.x"), ("0.46.1", "0.46.x"), ("0.47.0", "0.47.0"), ("0.48.0rc1", "0.48.0rc1"),
+    ("0.45.0", "0.46.x"), ("0.46.1", "0.46.x"), ("0.47.0", "0.47.0 + mcore 0.16.x|0.19.2"),
+    ("0.48.0rc1", "0.48.0rc1 + mcore 0.16.x|0.19.2"),
 ])
 def test_known_versions(version, label):
-    b = V.behaviour_for(version)
-    assert b.known and b.label == label and b.notice(version) is None
+    b = V.rules_for(version, "0.19.2")
+    assert b.known and b.label == label and b.notice(version, "0.19.2") is None
 
 
-@pytest.mark.parametrize("version", ["0.47.1", "0.48.0", "0.49.0.dev0", "not-a-version", None])
-def test_unknown_versions_keep_the_last_buggy_expectations_with_a_notice(version):
-    b = V.behaviour_for(version)
-    last = V.behaviour_for(V.LAST_BUGGY)
-    assert not b.known and not b.fix_applies
-    assert (b.replica_rule, b.drops_expert_amax_on_reload) == (last.replica_rule,
-                                                              last.drops_expert_amax_on_reload)
-    assert str(version) in b.notice(version) and "unexpected-pass" in b.notice(version)
+@pytest.mark.parametrize("version,mcore", [
+    ("0.47.1", "0.19.2"), ("0.48.0", "0.19.2"), ("0.49.0.dev0", "0.19.2"), ("not-a-version", "0.19.2"),
+    (None, "0.19.2"), ("0.47.0", "0.17.0"), ("0.47.0", "0.20.0"), ("0.46.1", "0.15.3"),
+    ("0.47.0", None),
+])
+def test_a_pair_without_a_rule_is_rule_unknown(version, mcore):
+    """Never another pair's rule: nothing predicted, cells judged rule-unknown."""
+    b = V.rules_for(version, mcore)
+    assert not b.known and not b.fix_applies and b.replica_rule is None
+    assert "rule unknown" in b.notice(version, mcore) and str(version) in b.notice(version, mcore)
+    cell = _cell("gpu-witness", WITNESS_SAVE)
+    assert cell.expected_under(b) == "rule-unknown"
+
+
+# Read from the sources (harness/check/versions.py cites the lines): megatron-core 0.15's
+# expert_dist_ckpt_decorator gives per-expert amax the expert-TP rank under 0.47.0 but the shared
+# input amax collides at TP > ETP; 0.48.0rc1 passes tp_group=, which 0.15 lacks.
+@pytest.mark.parametrize("modelopt,mcore,rule,shared,cannot_save,fix", [
+    ("0.47.0", "0.15.3", "expert-tp", "expert-tp-dense-dp", False, False),
+    ("0.47.0", "0.16.1", "dense-tp", "dense-tp-dense-dp", False, True),
+    ("0.47.0", "0.19.2", "dense-tp", "dense-tp-dense-dp", False, True),
+    ("0.48.0rc1", "0.15.3", "expert-tp", "expert-tp-dense-dp", True, False),
+    ("0.48.0rc1", "0.16.1", "expert-tp", "dense-tp-dense-dp", False, False),
+    ("0.48.0rc1", "0.19.2", "expert-tp", "dense-tp-dense-dp", False, False),
+])
+def test_pair_rules(modelopt, mcore, rule, shared, cannot_save, fix):
+    b = V.rules_for(modelopt, mcore)
+    assert b.known and (b.replica_rule, b.shared_rule) == (rule, shared)
+    assert bool(b.cannot_save) == cannot_save and b.fix_applies == fix
+
+
+@pytest.mark.parametrize("cell_id,per_pair", [
+    (WITNESS_SAVE, {("0.47.0", "0.15.3"): "fail-save", ("0.47.0", "0.16.1"): "fail-save",
+                    ("0.48.0rc1", "0.15.3"): "fail-save", ("0.48.0rc1", "0.16.1"): "pass"}),
+    # Nano: save tp1-etp1-ep8 (TP == ETP), load tp4-etp1-ep8
+    (NANO, {("0.47.0", "0.15.3"): "fail-load", ("0.47.0", "0.16.1"): "fail-load",
+            ("0.48.0rc1", "0.15.3"): "fail-save", ("0.48.0rc1", "0.16.1"): "pass"}),
+    # TP < ETP load: no collision on 0.15's shared rule; the second bug stays with 0.47.0
+    ("gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp2-ep1-pp1]",
+     {("0.47.0", "0.15.3"): "amax-lost", ("0.47.0", "0.16.1"): "fail-load",
+      ("0.48.0rc1", "0.16.1"): "pass"}),
+])
+def test_witness_expectations_follow_the_pair(cell_id, per_pair):
+    cell = _cell("gpu-witness", cell_id)
+    assert {p: cell.expected_under(V.rules_for(*p)) for p in per_pair} == per_pair
+
+
+def test_a_pair_that_cannot_save_predicts_its_exception_not_the_reports():
+    from harness.check.judge import is_bug
+    from harness.records import StageCause
+
+    b = V.rules_for("0.48.0rc1", "0.15.3")
+    typeerror = StageCause(rank=0, key=None, kind="exception", exc_type="TypeError", message=(
+        "make_sharded_tensors_for_checkpoint() got an unexpected keyword argument 'tp_group'"))
+    report = StageCause(rank=0, kind="exception", exc_type="CheckpointingException",
+                        message="Invalid access pattern for ShardedTensor(...)",
+                        key="decoder.layers.0.mlp.experts.experts.4.linear_fc1.weight_quantizer._amax")
+    assert is_bug(typeerror, b) and not is_bug(report, b)
+    shared = StageCause(rank=0, kind="exception", exc_type="CheckpointingException",
+                        message="Invalid access pattern for ShardedTensor(...)",
+                        key="decoder.layers.0.mlp.experts.experts.linear_fc1.input_quantizer._amax")
+    on015 = V.rules_for("0.47.0", "0.15.3")
+    assert is_bug(shared, on015) and not is_bug(report, on015)
+    assert is_bug(report, V.rules_for("0.47.0", "0.19.2")) and not is_bug(shared, V.rules_for("0.47.0", "0.19.2"))
 
 
 def test_rules_differ_where_the_sources_differ():
     old, bug, rc = (V.behaviour_for(v) for v in ("0.46.1", "0.47.0", "0.48.0rc1"))
     assert (old.layout, bug.layout, rc.layout) == (V.SHARED, V.PER_EXPERT, V.PER_EXPERT)
-    assert (old.replica_rule, bug.replica_rule, rc.replica_rule) == (None, "buggy", "fixed")
+    assert (old.replica_rule, bug.replica_rule, rc.replica_rule) == (None, "dense-tp", "expert-tp")
     assert bug.drops_expert_amax_on_reload and not rc.drops_expert_amax_on_reload
     assert rc.plugin_needs_te and not bug.plugin_needs_te
     assert bug.fix_applies and not rc.fix_applies and not old.fix_applies
 
 
-WITNESS_SAVE = "gpu-witness[save=tp2-etp1-ep2-pp1,save-only]"
-NANO = "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]"
-SECOND_BUG = "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp1-ep1-pp1]"
 
 
 @pytest.mark.parametrize("cell_id,per_version", [
@@ -98,16 +157,19 @@ def test_the_ranks_version_decides_the_expectation():
     cell = _cell("gpu-witness", WITNESS_SAVE)
     rec = new_record(cell)
     under_version(rec, cell, _ran("0.48.0rc1"))
-    assert (rec.modelopt, rec.expectations, rec.expected, rec.notice) == (
-        "0.48.0rc1", "0.48.0rc1", "pass", None)
+    assert (rec.modelopt, rec.mcore, rec.expectations, rec.expected, rec.notice) == (
+        "0.48.0rc1", "0.19.2", "0.48.0rc1 + mcore 0.16.x|0.19.2", "pass", None)
     under_version(rec, cell, _ran("0.49.0"))
-    assert rec.expected == "fail-save" and "0.49.0" in rec.notice
+    assert rec.expected == "rule-unknown" and "0.49.0" in rec.notice
+    under_version(rec, cell, StageResult(stage="save", ok=True, wall_s=1.0, environment={
+        "nvidia-modelopt": "0.48.0rc1", "megatron-core": "0.15.3"}))
+    assert (rec.mcore, rec.expected) == ("0.15.3", "fail-save")
 
 
 def test_the_fix_is_skipped_with_the_reason_where_it_does_not_apply():
     cell = _cell("gpu-fix", "gpu-fix[save=tp2-etp1-ep2-pp1,save-only]")
     reason = version_skip_reason(cell, V.behaviour_for("0.48.0rc1"), "0.48.0rc1")
-    assert "0.47.0 only" in reason and "0.48.0rc1 is installed" in reason
+    assert "0.47.0 only" in reason and "0.48.0rc1 is" in reason and "megatron-core" in reason
     assert version_skip_reason(cell, V.behaviour_for("0.47.0"), "0.47.0") is None
 
 

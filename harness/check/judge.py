@@ -43,11 +43,12 @@ def version_skip_reason(cell, behaviour, modelopt: str | None) -> str | None:
     """Why the installed nvidia-modelopt cannot run this cell meaningfully, or None."""
     s = cell.scenario
     if s.patch == "fix" and not behaviour.fix_applies:
-        from harness.fix import SUPPORTED_MODELOPT_VERSION
+        from harness.fix import SUPPORTED_MCORE_VERSIONS, SUPPORTED_MODELOPT_VERSION
 
-        return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only; "
-                f"{modelopt} is installed (a fixed release needs no patch: see the unpatched "
-                "scenarios)")
+        return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only, "
+                f"with megatron-core {'/'.join(SUPPORTED_MCORE_VERSIONS)}; {modelopt} is "
+                f"installed with megatron-core {installed_mcore()} (a fixed release needs no "
+                "patch: see the unpatched scenarios)")
     if s.tier == "cpu" and (behaviour.plugin_needs_te or not behaviour.known):
         return plugin_problem()
     return None

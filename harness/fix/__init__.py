@@ -18,6 +18,9 @@ relies on; any other version is refused rather than patched blindly.
 from __future__ import annotations
 
 SUPPORTED_MODELOPT_VERSION = "0.47.0"
+# Where its premise holds (per-expert amax take the DENSE TP rank: megatron-core >= 0.16, no
+# expert_dist_ckpt_decorator); 0.19.2 is checked on the GPU, 0.16.x by the same source lines.
+SUPPORTED_MCORE_VERSIONS = ("0.16.0", "0.16.1", "0.19.2")
 
 
 class UnsupportedModeloptVersion(RuntimeError):
@@ -54,9 +57,24 @@ def apply() -> str:
             "(NVIDIA/Model-Optimizer #2209), do not apply this one; otherwise port "
             "patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff to it."
         )
+    mcore = _installed_mcore_version()
+    if mcore not in SUPPORTED_MCORE_VERSIONS:
+        raise UnsupportedModeloptVersion(
+            f"harness.fix applies to nvidia-modelopt 0.47.0 with megatron-core "
+            f"{' or '.join(SUPPORTED_MCORE_VERSIONS)} only, but megatron-core {mcore} is installed; "
+            "nothing was patched (megatron-core < 0.16 already gives expert amax the expert-TP "
+            "rank, and collides on the shared input_quantizer amax instead, which this fix does "
+            "not touch: harness/check/versions.py)")
     from . import modelopt_0_47_0
 
     return modelopt_0_47_0.apply()
+
+
+def _installed_mcore_version() -> str | None:
+    try:
+        return metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 __all__ = [

@@ -110,10 +110,18 @@ class Verdict:
 
 
 def expected_for(cell: Cell, rec: Mapping[str, Any]) -> str:
-    """The cell's expectation under the modelopt version that produced ``rec``."""
-    from harness.check.versions import behaviour_for
+    """The cell's expectation under the (modelopt, megatron-core) pair that produced ``rec``;
+    records from before pairs were recorded ran on the reference megatron-core."""
+    from harness.check.versions import REFERENCE_MCORE, rules_for
 
-    return cell.expected_under(behaviour_for(rec.get("modelopt")))
+    return cell.expected_under(rules_for(rec.get("modelopt"), rec.get("mcore") or REFERENCE_MCORE))
+
+
+def pair_of(rec: Mapping[str, Any]) -> str:
+    """``0.47.0 + mcore 0.19.2``: the pair a verdict line holds for."""
+    from harness.check.versions import REFERENCE_MCORE
+
+    return f"{rec.get('modelopt')} + mcore {rec.get('mcore') or REFERENCE_MCORE}"
 
 
 def _note(cell: Cell, rec: Mapping[str, Any] | None) -> str:
@@ -213,7 +221,8 @@ def judge_records(records: Mapping[str, Mapping[str, Any]], quarantine: Quaranti
 def doc_records(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """cell id -> record; records from before version-aware runs take the doc's modelopt, and a
     record without a tier the doc's."""
-    return {c["cell_id"]: {"tier": doc.get("tier"), **c, "modelopt": c.get("modelopt") or _modelopt(doc)}
+    return {c["cell_id"]: {"tier": doc.get("tier"), **c, "modelopt": c.get("modelopt") or _modelopt(doc),
+                           "mcore": c.get("mcore") or _mcore(doc)}
             for c in doc.get("cells") or []}
 
 
@@ -258,6 +267,17 @@ def _modelopt(doc: Mapping[str, Any]) -> str:
     return str((doc.get("versions") or {}).get("nvidia-modelopt") or "unknown")
 
 
+def _mcore(doc: Mapping[str, Any]) -> str:
+    """The run's megatron-core; runs before pairs were recorded all used the reference."""
+    from harness.check.versions import REFERENCE_MCORE
+
+    return str((doc.get("versions") or {}).get("megatron-core") or REFERENCE_MCORE)
+
+
+def _pair(doc: Mapping[str, Any]) -> str:
+    return f"(modelopt {_modelopt(doc)}, megatron-core {_mcore(doc)})"
+
+
 def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list[Verdict]]:
     """Text for each (label, results doc), then for each modelopt version with several docs the
     verdict of their records together (newer runs win for the same cell). Returns all verdicts."""
@@ -266,12 +286,12 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
         vds = judge_doc(doc)
         every += vds
         out.append("\n".join([format_verdicts(
-            f"== modelopt {_modelopt(doc)}: {label} (run {doc.get('run_id', '?')}, "
+            f"== {_pair(doc)}: {label} (run {doc.get('run_id', '?')}, "
             f"tier {doc.get('tier', '?')}; {_versions(doc)})", vds),
             *_incomplete([doc]), *existing_checkpoints(doc_records(doc))]))
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for _, doc in docs:
-        groups.setdefault(_modelopt(doc), []).append(doc)
+        groups.setdefault(_pair(doc), []).append(doc)
     for version, group in groups.items():
         if len(group) < 2:
             continue
@@ -284,7 +304,7 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
         vds = judge_records(records)
         every += vds
         out.append("\n".join([format_verdicts(
-            f"== modelopt {version}: all {len(group)} runs together ({runs}; newer runs win for "
+            f"== {version}: all {len(group)} runs together ({runs}; newer runs win for "
             "the same cell)", vds), *_incomplete(group), *existing_checkpoints(records)]))
     return "\n\n".join(out), every
 
