@@ -44,6 +44,9 @@ GOLDEN_SIZE = ModelSize(hidden_size=128, ffn_hidden_size=256, moe_ffn_hidden_siz
 def transformer_config(topo: Topology, size: ModelSize, backend: str):
     from megatron.core.transformer import TransformerConfig
 
+    from harness.model.mcore_shims import shim_config_warnings
+
+    shim_config_warnings()  # megatron-core 0.15.x only (NameError at EP > 1, TP > 1)
     on_gpu = torch.cuda.is_available()
     host_staged = topo.pp > 1 and host_p2p.needs_host_staging()
     if host_staged:

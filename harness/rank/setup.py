@@ -72,10 +72,10 @@ def peak_memory() -> dict:
     return out
 
 
-def _mcore_0_15_shimmed() -> bool:
-    from megatron.core.transformer.moe import moe_utils
+def mcore_shims_applied() -> list[str]:
+    from harness.model.mcore_shims import applied
 
-    return bool(getattr(moe_utils, "_harness_shimmed", False))
+    return applied()
 
 
 def prepare_rank(spec: StageSpec, clock: Clock):
@@ -121,7 +121,7 @@ def record_environment() -> None:
         "torch": torch.__version__, "transformer-engine": getattr(te, "__version__", None),
         "modelopt_path": str(Path(modelopt.__file__).parent),
         # version-gated shims this stage ran with (harness/model/cpu_shims.py), said in results
-        "shims": ["mcore-0.15-te_general_gemm"] if _mcore_0_15_shimmed() else [],
+        "shims": mcore_shims_applied(),
     })
 
 
