@@ -38,10 +38,12 @@ def _version(doc: dict) -> str:
 
 
 def _rule(doc: dict) -> str:
-    """The fix's rule when patched, else the rule of the modelopt version that recorded it."""
+    """The fix's rule when patched, else the rule of the (modelopt, megatron-core) pair that
+    recorded it."""
     if doc["provenance"]["patch"] == "fix":
         return "fixed"
-    return behaviour_for(_version(doc)).replica_rule
+    # the pair that recorded it (every recording so far: megatron-core 0.19.2)
+    return behaviour_for(_version(doc), doc["provenance"].get("megatron-core", "0.19.2")).replica_rule
 
 
 def _id(path: Path) -> str:

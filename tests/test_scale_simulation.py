@@ -20,10 +20,13 @@ RECORDINGS = sorted(RECORDED.rglob("*.json"))
 
 
 def _rule(doc: dict) -> str:
-    """The fix's rule when patched, else the rule of the modelopt version that recorded it."""
+    """The fix's rule when patched, else the rule of the (modelopt, megatron-core) pair that
+    recorded it."""
     if doc["provenance"]["patch"] == "fix":
         return "fixed"
-    return behaviour_for(doc["provenance"]["nvidia-modelopt"]).replica_rule
+    # the pair that recorded it (every recording so far: megatron-core 0.19.2)
+    prov = doc["provenance"]
+    return behaviour_for(prov["nvidia-modelopt"], prov.get("megatron-core", "0.19.2")).replica_rule
 
 
 def _id(path: Path) -> str:
