@@ -183,3 +183,36 @@ def test_a_plugin_that_needs_te_is_a_skip_reason_on_cpu(monkeypatch):
         assert version_skip_reason(cell, V.behaviour_for("0.47.0"), "0.47.0") is None
     finally:
         V.plugin_problem.cache_clear()
+
+
+@pytest.mark.parametrize("mcore,problem", [
+    ("0.19.2", False), ("0.19.2+dc038c6", False), ("0.15.3", False), ("0.16.1", False),
+    ("0.17.0", True), ("0.20.0", True),
+])
+def test_supported_megatron_core_range_and_its_override(mcore, problem, monkeypatch):
+    from harness.scenario.machine import MCORE_OVERRIDE, mcore_problem
+
+    monkeypatch.delenv(MCORE_OVERRIDE, raising=False)
+    line = mcore_problem(mcore)
+    assert bool(line) == problem
+    if problem:
+        assert mcore in line and "untested" in line and f"set {MCORE_OVERRIDE}=1" in line
+        assert "\n" not in line
+        monkeypatch.setenv(MCORE_OVERRIDE, "1")
+        assert "running anyway" in mcore_problem(mcore)
+
+
+def test_a_local_build_of_a_release_has_that_releases_rule():
+    assert V.rules_for("0.47.0", "0.19.2+dc038c6") is V.rules_for("0.47.0", "0.19.2")
+
+
+@pytest.mark.parametrize("mcore", ["0.15.3", "0.17.0"])
+def test_the_fix_refuses_a_megatron_core_it_does_not_apply_to(mcore, monkeypatch):
+    import harness.fix as fix
+
+    monkeypatch.setattr(fix, "_installed_mcore_version", lambda: mcore)
+    with pytest.raises(fix.UnsupportedModeloptVersion) as exc:
+        fix.apply()
+    line = str(exc.value)
+    assert f"megatron-core {mcore} is installed" in line and "nothing was patched" in line
+    assert "\n" not in line

@@ -58,7 +58,7 @@ def apply() -> str:
             "patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff to it."
         )
     mcore = _installed_mcore_version()
-    if mcore not in SUPPORTED_MCORE_VERSIONS:
+    if (mcore or "").split("+")[0] not in SUPPORTED_MCORE_VERSIONS:
         raise UnsupportedModeloptVersion(
             f"harness.fix applies to nvidia-modelopt 0.47.0 with megatron-core "
             f"{' or '.join(SUPPORTED_MCORE_VERSIONS)} only, but megatron-core {mcore} is installed; "
@@ -71,6 +71,8 @@ def apply() -> str:
 
 
 def _installed_mcore_version() -> str | None:
+    from importlib import metadata
+
     try:
         return metadata.version("megatron-core")
     except metadata.PackageNotFoundError:

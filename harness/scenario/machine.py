@@ -104,6 +104,16 @@ def version_problem() -> str | None:
     return rules_for(mo, mc).notice(mo, mc)
 
 
+def public_version(v: str | None) -> str | None:
+    """``0.19.2+dc038c6`` -> ``0.19.2`` (a local build of a release is that release here)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(v or "").public
+    except InvalidVersion:
+        return v
+
+
 def mcore_overridden() -> bool:
     return os.environ.get(MCORE_OVERRIDE, "") == "1"
 
@@ -111,7 +121,7 @@ def mcore_overridden() -> bool:
 def mcore_problem(mc: str) -> str | None:
     """One line when megatron-core ``mc`` is outside the tested range (an error unless the
     override is set, then a warning that results records carry)."""
-    if mc in SUPPORTED_MCORE:
+    if public_version(mc) in SUPPORTED_MCORE:
         return None
     line = (f"megatron-core {mc} is untested by this harness (tested: {', '.join(SUPPORTED_MCORE)}): "
             "the model builder, the cpu shims and the probes were not run on it, and no "
