@@ -162,3 +162,13 @@ def test_the_recorded_0_48_0rc1_run_clears_both_jobs():
     vds = _by_job(verdict.judge_doc(doc))
     assert {job: vd.word for job, vd in vds.items()} == {
         "nano-30b-a3b-qad": verdict.SAFE, "ultra-550b-a55b-nvfp4-ptq": verdict.SAFE}
+
+
+def test_a_pair_without_a_rule_gets_no_verdict_but_says_which_pair():
+    """Records of a (modelopt, megatron-core) pair with no rule are never judged by another
+    pair's rule: the verdict names the pair and decides nothing."""
+    witness = json.loads(WITNESS.read_text())
+    records = {c["cell_id"]: {**c, "modelopt": "0.47.0", "mcore": "0.18.0",
+                              "outcome": "rule-unknown"} for c in witness["cells"]}
+    v = _by_job(verdict.judge_records(records))[NANO]
+    assert v.word == verdict.NO_RULE and "0.47.0 + mcore 0.18.0" in v.detail

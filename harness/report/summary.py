@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from harness.check.results_file import INCOMPLETE_LINE, ResultsFileError, is_incomplete, read_results
 from harness.paths import RESULTS_DIR
-from harness.records import INTERRUPTED, UNEXPECTED_OUTCOMES
+from harness.records import INTERRUPTED, RULE_UNKNOWN, UNEXPECTED_OUTCOMES
 
 Record = Mapping[str, Any]
 
@@ -23,6 +23,7 @@ Record = Mapping[str, Any]
 CATEGORIES = (
     (UNEXPECTED_OUTCOMES, "unexpected failure (or pass)", "FAIL", "#d62728"),
     (("blocked",), "blocked", "BLOCK", "#7f7f7f"),
+    ((RULE_UNKNOWN,), "rule unknown for the (modelopt, megatron-core) pair", "RULE?", "#8c564b"),
     ((INTERRUPTED,), "interrupted (run stopped, not a result)", "INTR", "#9467bd"),
     (("bug-reproduced",), "bug reproduced as expected", "BUG", "#ff9f1c"),
     (("skipped",), "skipped", "SKIP", "#c7c7c7"),

@@ -39,6 +39,7 @@ QUARANTINE = QUARANTINE_FILE
 
 SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
 INCOMPLETE, NO_EVIDENCE, UNEXPECTED = "INCOMPLETE", "NO EVIDENCE", "UNEXPECTED FAILURE"
+NO_RULE = "RULE UNKNOWN"  # the (modelopt, megatron-core) pair has no rule: nothing to judge by
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,11 @@ def expected_for(cell: Cell, rec: Mapping[str, Any]) -> str:
     records from before pairs were recorded ran on the reference megatron-core."""
     from harness.check.versions import REFERENCE_MCORE, rules_for
 
-    return cell.expected_under(rules_for(rec.get("modelopt"), rec.get("mcore") or REFERENCE_MCORE))
+    # A record that names no modelopt predates per-cell versions (2026-12-02): every such run
+    # had the then-pinned pair, 0.47.0 + 0.19.2 (their results.json "versions" say so).
+    # A record that names an unknown one stays unknown.
+    modelopt = rec.get("modelopt") or "0.47.0"
+    return cell.expected_under(rules_for(modelopt, rec.get("mcore") or REFERENCE_MCORE))
 
 
 def pair_of(rec: Mapping[str, Any]) -> str:
@@ -182,6 +187,11 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell],
     bad = [e.cell_id for e in evidence if e.outcome == "unexpected-failure"]
     if bad:
         return v(UNEXPECTED, f"{len(bad)} evidence cell(s) failed unexpectedly: {', '.join(bad)}")
+    unruled = [e.cell_id for e in evidence if e.outcome == "rule-unknown"]
+    if unruled:
+        pair = next((pair_of(r) for _, _, r in rows if r and r.get("outcome") == "rule-unknown"), "?")
+        return v(NO_RULE, f"no rule for the pair {pair} (harness/check/versions.py): "
+                          f"{len(unruled)} evidence cell(s) ran without a prediction")
     present = [r for _, _, r in rows if r]
     if present and not ran("witness") and not ran("fix"):
         reason = next((r.get("reason") for r in present if r.get("reason")), "") or ""
