@@ -87,7 +87,12 @@ if [ "$MODE" = system ]; then
     timeout "$T" "$syspy" -m pip --disable-pip-version-check -q install --no-deps "${index[@]}" \
       "${find_links[@]}" --target "$ENV/site" "$src" >&2
   fi
-  printf '#!/usr/bin/env bash\n# matrix-env system mode: nvidia-modelopt %s first on PYTHONPATH\nexport PYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}"\nexec %s "$@"\n' \
+  have_mc=$("$syspy" -c 'from importlib.metadata import version; print(version("megatron-core"))' 2>/dev/null || true)
+  if [ -n "$MC" ] && [ "${have_mc%%+*}" != "$MC" ]; then  # its wheel from .whl-mc<digits>, offline
+    timeout "$T" "$syspy" -m pip --disable-pip-version-check -q install --no-deps --no-index \
+      --ignore-requires-python "${mc_links[@]}" --target "$ENV/site" "${mc_src[@]}" >&2
+  fi
+  printf '#!/usr/bin/env bash\n# matrix-env system mode: nvidia-modelopt %s (and megatron-core, when MATRIX_MCORE) first on PYTHONPATH\nexport PYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}"\nexec %s "$@"\n' \
     "$V" "$PWD/$ENV/site" "$syspy" > "$ENV/bin/python"
   chmod +x "$ENV/bin/python"
 else
