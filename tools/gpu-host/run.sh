@@ -59,6 +59,20 @@ case "$1" in
     OLD_TREE=${OLD_TREE:-.gpu/old}
     [ -f "$OLD_TREE/harness/__main__.py" ] || {
       echo "repro-compare: no harness snapshot in $OLD_TREE (mkdir -p $OLD_TREE && git archive <commit> | tar -x -C $OLD_TREE)" >&2; exit 2; }
+    # do the ranks find compiled bytecode, or compile the stack in every interpreter?
+    python3 - <<'PY'
+import importlib.util, os, sys
+from pathlib import Path
+tag = f"cpython-{sys.version_info[0]}{sys.version_info[1]}"
+for name in ("torch", "transformer_engine", "megatron", "modelopt", "transformers"):
+    spec = importlib.util.find_spec(name)
+    dirs = [Path(d) for d in (spec.submodule_search_locations or [])] if spec else []
+    py = sum(1 for d in dirs for _ in d.rglob("*.py"))
+    pyc = sum(1 for d in dirs for _ in d.rglob(f"*.{tag}.pyc"))
+    print(f"bytecode {name}: {py} .py, {pyc} .{tag}.pyc, writable {all(os.access(d, os.W_OK) for d in dirs)}")
+print("PYTHONDONTWRITEBYTECODE", os.environ.get("PYTHONDONTWRITEBYTECODE"),
+      "PYTHONPYCACHEPREFIX", os.environ.get("PYTHONPYCACHEPREFIX"))
+PY
     # the stack's files in the page cache before the first side, so no side pays a cold read
     [ "${WARM:-1}" = 0 ] || python3 -c "import time; t = time.time(); import transformer_engine.pytorch, megatron.core, modelopt.torch.quantization; print(f'warm-up import {time.time() - t:.1f} s')"
     logs=()
