@@ -18,7 +18,8 @@ from harness.scenario.scenarios import load_all
 
 REPO = Path(__file__).resolve().parent.parent
 SAVE = "tp1-etp1-ep2-pp1"
-CELLS = [f"cpu-reshard[save={SAVE},save-only]", f"cpu-reshard[save={SAVE},load=tp1-etp1-ep1-pp1-w2]"]
+CELLS = [f"cpu-reshard[save={SAVE},save-only]",
+         f"cpu-reshard[save={SAVE},load=tp1-etp1-ep1-pp1-w2]"]
 
 
 @pytest.mark.cpu
@@ -43,11 +44,11 @@ def test_a_prestarted_pool_serves_the_save_and_its_load(tmp_path, monkeypatch):
 
 
 def test_a_rank_refuses_the_packages_trim_names():
-    code = ("from harness.rank import trim; print(sorted(trim.install()));"
-            "import json\ntry:\n import csv\nexcept ModuleNotFoundError as e: print('refused', e.name)")
+    code = ("from harness.rank import trim; print(sorted(trim.install()))\nimport json\n"
+            "try:\n import csv\nexcept ModuleNotFoundError as e: print('refused', e.name)")
     env = {**os.environ, "HARNESS_RANK_TRIM": "csv, nosuchpkg", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["['csv', 'nosuchpkg']", "refused csv"], out.stdout
 

@@ -239,7 +239,8 @@ class PoolSet:
 
     def _new_pool(self, key: PoolKey) -> RankPool:
         self.started += 1
-        return RankPool(key, Path(key.root) / "pools" / f"w{key.world}-{key.tier}-{key.patch}-{self.started}")
+        name = f"w{key.world}-{key.tier}-{key.patch}-{self.started}"
+        return RankPool(key, Path(key.root) / "pools" / name)
 
     def prestart(self, keys: list[PoolKey]) -> None:
         """Start one pool per entry of ``keys`` now (a key listed twice gets two), idle until a

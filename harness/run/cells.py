@@ -63,7 +63,8 @@ def prestart_save_pools(cells, run_dir: Path) -> int:
 
     keys = [PoolKey.of(c.save.world_size, c.scenario.tier, c.scenario.patch, c.scenario.backend,
                        run_dir, _tier_env(c.scenario.tier))
-            for c in cells if c.load is None and not c.golden and stage_mode(c.scenario.tier) == "pool"]
+            for c in cells
+            if c.load is None and not c.golden and stage_mode(c.scenario.tier) == "pool"]
     POOLS.prestart(keys)
     return len(keys)
 
