@@ -78,8 +78,9 @@ def _looks_like_gpu_host() -> bool:
     package. Only decides whether to start the save pools early; tier_skip_reason decides."""
     import importlib.util
 
-    return importlib.util.find_spec("transformer_engine") is not None and any(
-        Path("/dev").glob("nvidia[0-9]*"))
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return importlib.util.find_spec("transformer_engine") is not None and (
+        any(Path("/dev").glob("nvidia[0-9]*")) or (gpus.is_dir() and any(gpus.iterdir())))
 
 
 def _start_save_pools_early(cells, results_root: Path) -> Path | None:
@@ -90,7 +91,9 @@ def _start_save_pools_early(cells, results_root: Path) -> Path | None:
     from harness.run.results import new_run_dir
 
     run_dir = new_run_dir(results_root, "repro-gpu")
-    if prestart_save_pools(cells, run_dir):
+    started = prestart_save_pools(cells, run_dir)
+    if started:
+        print(f"== {started} save-stage pools started ahead of the checks (warm rank pools)")
         return run_dir
     run_dir.rmdir()
     return None
