@@ -78,19 +78,31 @@ def mcore_shims_applied() -> list[str]:
     return applied()
 
 
-def prepare_rank(spec: StageSpec, clock: Clock):
-    """Imports, patch, process groups, model: the part both stages share."""
-    if spec.tier == "cpu":
+def import_stack(tier: str | None, patch: str | None) -> None:
+    """The stack a stage imports, the cpu shims and the fix applied first as they must be
+    (both idempotent). Called by every stage (prepare_rank) and, before its first job, by a
+    warm pool's ranks (rank/serve.py ``preload``)."""
+    if tier == "cpu":
         from harness.model.cpu_shims import apply_cpu_shims
 
         apply_cpu_shims()
-    if spec.patch == "fix":
+    if patch == "fix":
         from harness.fix import apply
 
         apply()
     import megatron.core  # noqa: F401  (timed as imports)
     import modelopt.torch.quantization  # noqa: F401
 
+    from harness.model.mcore_shims import shim_config_warnings
+
+    shim_config_warnings()  # before record_environment, so the record names it (0.15.x only)
+
+    import harness.model.gpt  # noqa: F401
+
+
+def prepare_rank(spec: StageSpec, clock: Clock):
+    """Imports, patch, process groups, model: the part both stages share."""
+    import_stack(spec.tier, spec.patch)
     from harness.model.gpt import build_gpt
     from harness.rank.guard import pg_timeout_s
 
@@ -120,7 +132,7 @@ def record_environment() -> None:
         "nvidia-modelopt": modelopt.__version__, "megatron-core": megatron.core.__version__,
         "torch": torch.__version__, "transformer-engine": getattr(te, "__version__", None),
         "modelopt_path": str(Path(modelopt.__file__).parent),
-        # version-gated shims this stage ran with (harness/model/cpu_shims.py), said in results
+        # version-gated shims this stage ran with (harness/model/mcore_shims.py), said in results
         "shims": mcore_shims_applied(),
     })
 
