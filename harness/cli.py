@@ -1,5 +1,5 @@
 """``python -m harness <command>``: the one entry point (map, run, repro, dump-metadata, verdict,
-report, inspect, matrix, golden). Rank programs (harness/rank/) are internal modules."""
+report, inspect, repair, matrix, golden). Rank programs (harness/rank/) are internal modules."""
 from __future__ import annotations
 
 import argparse
@@ -130,6 +130,12 @@ def cmd_inspect(args) -> int:
     return inspect_main(args)
 
 
+def cmd_repair(args) -> int:
+    from harness.golden.repair import main as repair_main
+
+    return repair_main(args)
+
+
 def cmd_golden(args) -> int:
     from harness.golden.manifest import GoldenError, verify_manifest, write_manifest
     from harness.run.golden import make_golden
@@ -214,7 +220,15 @@ def main(argv: list[str] | None = None) -> int:
 
     ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds")
     ins.add_argument("ckpt")
+    ins.add_argument("--json", action="store_true", help="the layout and forecast as JSON")
     ins.set_defaults(fn=cmd_inspect)
+
+    rpr = sub.add_parser("repair", help="write a copy of a checkpoint that per-expert releases "
+                                        "load complete (offline, no GPU; SRC is not touched)")
+    rpr.add_argument("src")
+    rpr.add_argument("dst")
+    rpr.add_argument("--dry-run", action="store_true", help="print what would be written")
+    rpr.set_defaults(fn=cmd_repair)
 
     g = sub.add_parser("golden", help="golden checkpoints: make (GPU host), write or verify a manifest")
     gsub = g.add_subparsers(dest="golden_cmd", required=True)

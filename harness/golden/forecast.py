@@ -1,0 +1,131 @@
+"""What each (nvidia-modelopt, megatron-core) pair the harness knows does with an existing checkpoint.
+
+Why: a job holding an old checkpoint must know, before it starts, whether the release it moves
+to loads it complete, loads it with some expert amax silently gone, or refuses it. The rule per
+release is the ``golden_restore`` of harness/check/versions.py (read there from each release's
+sources and checked by the GPU golden runs); this module only turns a checkpoint's layout
+(harness/golden/inspect.py) into that rule's key and says how a ``not-restored`` shows:
+
+* shared (<= 0.46.x) checkpoint, per-expert release: ``set_extra_state`` finds no
+  ``weight_quantizer.<i>`` entry (only ``weight_quantizer``) and skips it (0.48.0rc1
+  plugins/megatron.py:297-307; 0.47.0 :255-266), so no expert quantizer gets an ``_amax`` buffer,
+  none is asked of the checkpoint, and the load succeeds with every expert amax absent
+  (measured: 32/32 absent under 0.47.0 and 0.48.0rc1, docs/runs/20261202-150543-golden.md,
+  20261202-204604-matrix.md);
+* per-expert checkpoint with experts missing, per-expert release: the model asks for amax keys
+  the checkpoint lacks, and torch DCP refuses the load (``CheckpointException``, missing key;
+  measured under 0.48.0rc1, docs/runs/20261203-000204-matrix.md);
+* per-expert checkpoint, shared-layout release (0.46.x): its model asks for the shared key the
+  checkpoint lacks: refused the same way.
+
+``forecast(layout, rules)`` takes the rules as an argument so that pair rules can replace
+``per_modelopt_rules()`` in one line (``pairs()``) when versions.py has them.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from harness.check import versions
+
+# megatron-core releases every golden rule was measured with (docs/runs/*golden*, *matrix*).
+MEASURED_MEGATRON_CORE = ("0.19.2",)
+LOADS_COMPLETE, LOADS_ABSENT, REFUSED = "loads-complete", "loads-amax-absent", "refused"
+DEPENDS, NOT_MOE = "depends-on-load-topology", "n/a"
+
+
+@dataclass(frozen=True)
+class Forecast:
+    modelopt: str
+    megatron_core: str
+    outcome: str  # LOADS_COMPLETE | LOADS_ABSENT | REFUSED | DEPENDS | NOT_MOE
+    absent: int  # expert amax that end up missing (silently, or the reason for the refusal)
+    line: str  # what a person reads
+    caveat: str = ""
+    repairable: bool = False  # `python -m harness repair` makes this release load it complete
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def restore_key(lay) -> str | None:
+    """The ``golden_restore`` key of a checkpoint layout: shared / complete / incomplete."""
+    if lay.kind == "shared":
+        return "shared"
+    if lay.kind == "per-expert":
+        return "incomplete" if lay.missing else "complete"
+    if lay.kind == "incomplete":
+        return "incomplete"
+    return None  # unquantized or mixed: no rule
+
+
+def expert_amax_count(lay) -> int:
+    """Per-expert weight amax a per-expert model asks for: experts x grouped linears."""
+    if lay.kind == "shared":
+        return len(lay.shared_keys) * (lay.num_experts or 0)
+    return sum(len(li.present) + len(li.missing) for li in lay.linears)
+
+
+def per_modelopt_rules():
+    """[(modelopt label, megatron-core, Behaviour)]: today's per-ModelOpt rules (versions.py),
+    each paired with the megatron-core the rule was measured with."""
+    return [(b.label, mc, b) for b in versions.KNOWN for mc in MEASURED_MEGATRON_CORE]
+
+
+def pairs():
+    return per_modelopt_rules()  # the one line to change for (modelopt, megatron-core) rules
+
+
+def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
+    key = restore_key(lay)
+    total = expert_amax_count(lay)
+    if key is None:
+        return Forecast(label, megatron_core, NOT_MOE, 0,
+                        f"no rule for a {lay.kind} checkpoint (no per-expert weight-quantizer state)")
+    if behaviour.layout == versions.PER_EXPERT and key != "shared" and (
+            behaviour.replica_rule == "buggy" or behaviour.drops_expert_amax_on_reload):
+        # 0.47.0: a per-expert checkpoint's fate depends on the load topology (measured,
+        # docs/runs/20261202-150543-golden.md): the collision refuses TP != ETP loads, and the
+        # second bug keeps only each rank's first local expert's amax.
+        return Forecast(label, megatron_core, DEPENDS, total,
+                        "depends on the load topology: refused at TP != ETP (CheckpointException: "
+                        "Invalid access pattern, replica-id collision); elsewhere only each rank's "
+                        "first local expert keeps its amax (e.g. 28 of 32 lost at one rank)",
+                        "use harness.fix (loads it complete) or a fixed release")
+    if behaviour.golden_restore.get(key) == versions.RESTORED:
+        if key == "shared":
+            return Forecast(label, megatron_core, LOADS_COMPLETE, 0,
+                            f"loads complete (the layout it wrote: {len(lay.shared_keys)} shared amax)")
+        return Forecast(label, megatron_core, LOADS_COMPLETE, 0,
+                        f"loads complete ({total} expert amax restored)")
+    caveat = ""
+    if key == "shared" and behaviour.layout == versions.PER_EXPERT:
+        if behaviour.fix_applies:
+            caveat = "harness.fix loads it complete (the shared amax goes to every expert)"
+        return Forecast(label, megatron_core, LOADS_ABSENT, total,
+                        f"loads with {total} expert amax silently absent (the shared "
+                        "weight_quantizer state is skipped; no error)", caveat, repairable=True)
+    if behaviour.layout == versions.SHARED:
+        return Forecast(label, megatron_core, REFUSED, total,
+                        "refused: CheckpointException (missing key: this release asks for the "
+                        "shared ...experts.<linear>.weight_quantizer._amax)", caveat)
+    missing = sum(len(v) for v in lay.missing.values()) if lay.kind == "per-expert" else total
+    return Forecast(label, megatron_core, REFUSED, missing,
+                    f"refused: CheckpointException (missing key: {missing} expert "
+                    "weight_quantizer._amax not in the checkpoint)", caveat, repairable=True)
+
+
+def forecast(lay, rules=None) -> list[Forecast]:
+    """One Forecast per (modelopt, megatron-core) pair of ``rules`` (default: ``pairs()``)."""
+    return [forecast_one(lay, label, mc, b) for label, mc, b in (rules or pairs())]
+
+
+def render(fcs: list[Forecast]) -> str:
+    lines = ["forecast (unpatched):"]
+    for f in fcs:
+        lines.append(f"  modelopt {f.modelopt} + megatron-core {f.megatron_core}: {f.line}")
+        if f.caveat:
+            lines.append(f"      note: {f.caveat}")
+    if any(f.repairable for f in fcs):
+        lines.append("  repair: python -m harness repair SRC DST  (writes a checkpoint the "
+                     "per-expert releases load complete; SRC is not touched)")
+    return "\n".join(lines)
