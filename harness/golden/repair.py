@@ -317,11 +317,23 @@ def repair(src: Path | str, dst: Path | str, dry_run: bool = False) -> Plan:
         os.rename(tmp, dst)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        root = _root_cause(exc)
+        if isinstance(root, OSError) and root.errno == errno.ENOSPC:
             raise RepairError(f"{dst.parent}: no space left on device while writing DST "
                               "(nothing left behind)") from exc
+        if root is not exc:
+            raise root from None  # DCP's CheckpointException (a BaseException) wraps the cause
         raise
     return plan
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The exception inside torch DCP's ``CheckpointException`` (rank -> (exception, stack))."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    while isinstance(exc, CheckpointException) and exc.failures:
+        exc = next(iter(exc.failures.values()))[0]
+    return exc
 
 
 def main(args) -> int:
@@ -337,6 +349,11 @@ def main(args) -> int:
     except OSError as exc:
         print(f"error: {exc.filename or args.dst}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - anything else: one line, DST was not written
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"error: repair of {args.src} failed, {args.dst} not written: "
+              f"{type(exc).__name__}: {text}", file=sys.stderr)
+        return 1
     print(("dry run (nothing written): " if args.dry_run else "") + plan.render())
     if not args.dry_run:
         print(f"written and verified: {plan.dst} ({len(plan.hashes)} tensors sha256-equal to SRC)")
