@@ -145,6 +145,13 @@ def cmd_golden(args) -> int:
             print(make_golden(args.dir, topology=args.topology,
                        validate_sharding=args.validate_sharding == "true", tier=args.tier,
                        notes=args.notes))
+        elif args.golden_cmd == "repair":
+            from harness.golden.repair import RepairError, repair_golden
+
+            try:
+                print(repair_golden(args.dir, args.dst))
+            except RepairError as exc:
+                raise GoldenError(str(exc)) from None
         elif args.golden_cmd == "write":
             print(write_manifest(args.dir, topology=args.topology, made_by=args.made_by,
                                  layout=args.layout, notes=args.notes))
@@ -244,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     gw.add_argument("--made-by", required=True)
     gw.add_argument("--layout", default="")
     gw.add_argument("--notes", default="")
+    gr = gsub.add_parser("repair", help="repair a golden (python -m harness repair) into a new "
+                                        "golden directory with its manifest")
+    gr.add_argument("dir")
+    gr.add_argument("dst")
     gv = gsub.add_parser("verify", help="every file's sha256 against the manifest")
     gv.add_argument("dir")
     g.set_defaults(fn=cmd_golden)

@@ -336,6 +336,31 @@ def _root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def repair_golden(src_golden: Path | str, dst_golden: Path | str) -> Path:
+    """A golden directory (``ckpt/`` + manifest) repaired into a new golden directory whose
+    manifest keeps the source's versions, topology and model size (a load stage needs them)."""
+    from harness.golden.manifest import verify_manifest, write_manifest
+
+    src, dst = Path(src_golden), Path(dst_golden)
+    doc = verify_manifest(src)
+    if dst.exists():
+        raise RepairError(f"{dst}: exists; golden checkpoints are written once")
+    dst.mkdir(parents=True)
+    try:
+        plan = repair(src / "ckpt", dst / "ckpt")
+    except BaseException:
+        shutil.rmtree(dst, ignore_errors=True)
+        raise
+    s = plan.summary()
+    notes = (f"repaired from {src.name} by python -m harness repair: {s['expert_amax_from_shared']} "
+             f"per-expert amax from the shared amax, {s['expert_amax_max_calibrated']} by max "
+             f"calibration, {s['shared_amax_dropped']} shared amax dropped, "
+             f"{s['extra_states_rewritten']} extra states renamed; other tensors sha256-equal")
+    return write_manifest(dst, topology=doc["topology"], layout="per-expert",
+                          made_by=f"python -m harness golden repair {src.name} {dst.name}",
+                          versions=doc["versions"], notes=notes, size=doc.get("size"))
+
+
 def main(args) -> int:
     """Exit 0: written (or the dry run printed); 2: bad input or DST problem; 3: damaged SRC."""
     try:

@@ -17,6 +17,9 @@
 #              without the packages in TRIM
 #   equivalence  EQ_SCENARIOS (default gpu-witness; a,b for several) fresh, then with --stage-mode pool, compared
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
+#   repair     issue 26: the repaired goldens (tests/golden/*-repaired) re-made here and compared,
+#              loaded by UNPATCHED 0.48.0rc1 (carry .whl-048) at 3 topologies (gpu-golden-repaired),
+#              and each one's logits vs a model calibrated fresh (tools/gpu-host/repair_logits.py)
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: run.sh <mode> (the modes are listed at the top of tools/gpu-host/run.sh)" >&2; exit 2; }
 source /root/gw/base/env.sh
@@ -107,6 +110,20 @@ case "$1" in
     echo "repro wall: $(( $(date +%s) - start )) s (imports included)"
     ck=$(ls -d $R/*repro-gpu/saves/gpu-shared-te-none-tp1-etp1-ep8-pp1/ckpt | head -1)
     [ -n "$ck" ] && tar czf "$OUT/golden-0.47.0-tp1-etp1-ep8.tgz" -C "$(dirname "$ck")" ckpt ;;
+  repair)
+    PYV=$(MATRIX_ENV_MODE=system MATRIX_WHEEL_DIR=.whl-048 bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
+    for g in modelopt-0.46.1-tp1-etp1-ep8 modelopt-0.47.0-tp2-etp1-ep2-novalidate; do
+      # repair runs on this host too (log + inspect come back; tests/test_repair.py checks the
+      # committed repaired goldens equal what repair writes, tensor for tensor)
+      mkdir -p "$R/again-$g"
+      timeout 300 python3 -m harness repair tests/golden/$g/ckpt "$R/again-$g/ckpt" > "$OUT/repair-$g.log" 2>&1
+      echo "repair $g: rc $?"
+      timeout 120 python3 -m harness inspect --json "$R/again-$g/ckpt" > "$R/again-$g/inspect.json"
+      timeout 300 $PYV -m torch.distributed.run --nproc-per-node 1 tools/gpu-host/repair_logits.py \
+        "tests/golden/$g-repaired" "$OUT/logits-$g-repaired.json" > "$R/logits-$g.log" 2>&1
+      echo "logits $g-repaired: rc $?"; tail -n 30 "$R/logits-$g.log"
+    done
+    $PYV -m harness --results-root $R run --label repaired --jobs 3 --scenario gpu-golden-repaired ;;
   *) echo "run.sh: unknown mode '${1:-}' (the modes are listed at the top of tools/gpu-host/run.sh)" >&2
      exit 2 ;;
 esac
