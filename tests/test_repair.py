@@ -305,3 +305,14 @@ def test_repaired_shared_golden_differs_from_a_fresh_calibration_only_in_experts
         if not torch.equal(_bits(fresh.tensor(lin.format(e=e) + ".weight_quantizer._amax")),
                            _bits(fresh.tensor(lin.format(e=0) + ".weight_quantizer._amax"))))
     assert differing == own_differs and len(differing) >= 24
+
+
+@pytest.mark.cpu
+def test_verdict_advice_names_the_command_per_release():
+    from harness.golden.forecast import advice
+
+    on_048 = "\n".join(advice("0.48.0rc1"))
+    assert on_048.count("python -m harness repair") == 2  # the 0.46.x and the novalidate kinds
+    assert "TP == ETP + megatron-core 0.19.2: loads complete (32 expert amax restored) -> nothing to do" in on_048
+    on_047 = "\n".join(advice("0.47.0"))
+    assert "python -m harness repair" not in on_047 and on_047.count("harness.fix") == 3

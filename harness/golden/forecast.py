@@ -42,6 +42,7 @@ class Forecast:
     line: str  # what a person reads
     caveat: str = ""
     repairable: bool = False  # `python -m harness repair` makes this release load it complete
+    remedy: str = ""  # what to do first (the command)
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -75,7 +76,28 @@ def pairs():
     return per_modelopt_rules()  # the one line to change for (modelopt, megatron-core) rules
 
 
+REPAIR = "python -m harness repair OLD_CKPT NEW_CKPT, then load NEW_CKPT"
+WITH_FIX = "load it with harness.fix (MOE_CKPT_FIX=1, README 'Using the fix')"
+NO_WAY_BACK = "keep a per-expert release (0.47.0 + harness.fix, or 0.48.0rc1); repair cannot go back"
+
+
 def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
+    import dataclasses
+
+    f = _outcome(lay, label, megatron_core, behaviour)
+    buggy = behaviour.replica_rule == "buggy" or behaviour.drops_expert_amax_on_reload
+    if f.outcome in (LOADS_COMPLETE, NOT_MOE):
+        remedy = "nothing to do" if f.outcome == LOADS_COMPLETE else ""
+    elif behaviour.layout == versions.SHARED:
+        remedy = NO_WAY_BACK
+    elif buggy:  # a repaired checkpoint is per-expert: this release still mishandles those
+        remedy = WITH_FIX if behaviour.fix_applies else "move to a fixed release (0.48.0rc1)"
+    else:
+        remedy = REPAIR
+    return dataclasses.replace(f, repairable=remedy == REPAIR, remedy=remedy)
+
+
+def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
     key = restore_key(lay)
     total = expert_amax_count(lay)
     if key is None:
@@ -90,7 +112,7 @@ def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
                         "depends on the load topology: refused at TP != ETP (CheckpointException: "
                         "Invalid access pattern, replica-id collision); elsewhere only each rank's "
                         "first local expert keeps its amax (e.g. 28 of 32 lost at one rank)",
-                        "use harness.fix (loads it complete) or a fixed release")
+                        "harness.fix loads it complete")
     if behaviour.golden_restore.get(key) == versions.RESTORED:
         if key == "shared":
             return Forecast(label, megatron_core, LOADS_COMPLETE, 0,
@@ -103,7 +125,7 @@ def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
             caveat = "harness.fix loads it complete (the shared amax goes to every expert)"
         return Forecast(label, megatron_core, LOADS_ABSENT, total,
                         f"loads with {total} expert amax silently absent (the shared "
-                        "weight_quantizer state is skipped; no error)", caveat, repairable=True)
+                        "weight_quantizer state is skipped; no error)", caveat)
     if behaviour.layout == versions.SHARED:
         return Forecast(label, megatron_core, REFUSED, total,
                         "refused: CheckpointException (missing key: this release asks for the "
@@ -111,7 +133,7 @@ def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
     missing = sum(len(v) for v in lay.missing.values()) if lay.kind == "per-expert" else total
     return Forecast(label, megatron_core, REFUSED, missing,
                     f"refused: CheckpointException (missing key: {missing} expert "
-                    "weight_quantizer._amax not in the checkpoint)", caveat, repairable=True)
+                    "weight_quantizer._amax not in the checkpoint)", caveat)
 
 
 def forecast(lay, rules=None) -> list[Forecast]:
@@ -125,7 +147,35 @@ def render(fcs: list[Forecast]) -> str:
         lines.append(f"  modelopt {f.modelopt} + megatron-core {f.megatron_core}: {f.line}")
         if f.caveat:
             lines.append(f"      note: {f.caveat}")
-    if any(f.repairable for f in fcs):
-        lines.append("  repair: python -m harness repair SRC DST  (writes a checkpoint the "
-                     "per-expert releases load complete; SRC is not touched)")
+    for f in fcs:
+        if f.remedy and f.remedy != "nothing to do":
+            lines.append(f"  with modelopt {f.modelopt}: {f.remedy}")
     return "\n".join(lines)
+
+
+# The kinds of checkpoint the jobs may hold, each pinned by a committed golden (tests/golden).
+EXAMPLES = (("0.46.x checkpoint (one shared amax per grouped linear)", "modelopt-0.46.1-tp1-etp1-ep8"),
+            ("0.47.0 checkpoint saved at TP == ETP", "modelopt-0.47.0-tp1-etp1-ep8"),
+            ("0.47.0 checkpoint saved at TP != ETP, validation off", "modelopt-0.47.0-tp2-etp1-ep2-novalidate"))
+
+
+def advice(modelopt_version: str | None, golden_root=None) -> list[str]:
+    """Verdict lines: per kind of existing checkpoint, what this release does with it and the
+    command to run first (``python -m harness inspect CKPT`` says which kind a job holds)."""
+    from harness.golden.inspect import NotACheckpoint, inspect_checkpoint
+    from harness.paths import REPO_ROOT
+
+    root = golden_root or REPO_ROOT / "tests" / "golden"
+    b = versions.behaviour_for(modelopt_version)
+    rules = [r for r in pairs() if r[0] == b.label] or [(b.label, MEASURED_MEGATRON_CORE[0], b)]
+    lines = [f"    existing checkpoints under modelopt {modelopt_version} (every job; `python -m "
+             "harness inspect CKPT` says which kind yours is):"]
+    for what, golden in EXAMPLES:
+        try:
+            lay = inspect_checkpoint(root / golden / "ckpt")
+        except NotACheckpoint as exc:
+            lines.append(f"      {what}: no example ({exc})")
+            continue
+        for f in forecast(lay, rules):
+            lines.append(f"      {what} + megatron-core {f.megatron_core}: {f.line} -> {f.remedy}")
+    return lines

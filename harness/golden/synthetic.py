@@ -84,13 +84,17 @@ def synthesize(out: Path | str, *, layers: int, experts: int, hidden: int = 16, 
             t = t.abs() + 0.5
         return t.to(torch.bfloat16)
 
+    from harness.golden.repair import OneAtATime
+
+    hand_out = OneAtATime()
+
     class Lazy(MCoreSavePlanner):
         def resolve_data(self, write_item):
             if write_item.type == WriteItemType.BYTE_IO:
                 return super().resolve_data(write_item)
-            return produce(write_item.index.fqn)
+            return hand_out(produce(write_item.index.fqn))
 
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(out), thread_count=1),
+    dcp.save(state, storage_writer=OneAtATime.writer(out),
              planner=Lazy(flatten_state_dict=False, can_run_decentralized_global_plan=False))
     backend = {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
     (out / "metadata.json").write_text(json.dumps(backend))

@@ -235,6 +235,14 @@ def existing_checkpoints(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return (["    existing checkpoints (tests/golden, loaded unpatched):"] + lines) if lines else []
 
 
+def checkpoint_advice(modelopt_version: str) -> list[str]:
+    """Per kind of existing checkpoint, what this release does with it and the command
+    (harness/golden/forecast.py: the rules of harness/check/versions.py)."""
+    from harness.golden.forecast import advice
+
+    return advice(None if modelopt_version == "unknown" else modelopt_version)
+
+
 def _versions(doc: Mapping[str, Any]) -> str:
     v = doc.get("versions") or {}
     keys = ("torch", "megatron-core", "transformer-engine", "gpu")
@@ -268,7 +276,8 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
         out.append("\n".join([format_verdicts(
             f"== modelopt {_modelopt(doc)}: {label} (run {doc.get('run_id', '?')}, "
             f"tier {doc.get('tier', '?')}; {_versions(doc)})", vds),
-            *_incomplete([doc]), *existing_checkpoints(doc_records(doc))]))
+            *_incomplete([doc]), *existing_checkpoints(doc_records(doc)),
+            *checkpoint_advice(_modelopt(doc))]))
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for _, doc in docs:
         groups.setdefault(_modelopt(doc), []).append(doc)
