@@ -128,7 +128,8 @@ def test_every_other_tensor_is_sha256_equal(goldens, repaired, name):
 
 
 @pytest.mark.cpu
-def test_repaired_checkpoint_loads_through_megatron_core(repaired, tmp_path):
+@pytest.mark.parametrize("name", [A, C])
+def test_repaired_checkpoint_loads_through_megatron_core(repaired, tmp_path, name):
     """megatron-core's own torch_dist load (a gloo world of one) reads every tensor of DST."""
     script = textwrap.dedent("""
         import sys, warnings; warnings.filterwarnings("ignore")
@@ -141,7 +142,7 @@ def test_repaired_checkpoint_loads_through_megatron_core(repaired, tmp_path):
             dist.destroy_process_group()
     """)
     (tmp_path / "load.py").write_text(script)
-    out = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(repaired[A][0].dst),
+    out = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(repaired[name][0].dst),
                           str(tmp_path / "store")], capture_output=True, text=True, timeout=180,
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
