@@ -208,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.set_defaults(fn=cmd_report)
 
     eq = sub.add_parser("equivalence", help="do two runs of the same cells give the same results?")
-    eq.add_argument("reference", help="results.json of the reference run (fresh torchrun per stage)")
-    eq.add_argument("candidate", help="results.json of the run to check (e.g. --stage-mode pool)")
+    eq.add_argument("reference", nargs="?", help="results.json of the reference run (fresh torchrun per stage)")
+    eq.add_argument("candidate", nargs="?", help="results.json of the run to check (e.g. --stage-mode pool)")
+    eq.add_argument("--rejudge", nargs="+", metavar="RESULTS",
+                    help="recorded runs against themselves judged again under today's rules")
     eq.set_defaults(fn=cmd_equivalence)
 
     ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds")
