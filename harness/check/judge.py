@@ -288,9 +288,16 @@ def rejudge_record(rec: dict, cell) -> dict:
 
     ``cell``: the scenario cell it was recorded for (its expectation and known gaps), or None
     when no scenario has it any more: then its recorded expectation stands."""
+    if rec.get("failed_stage") == "verify" and not rec.get("verify"):
+        return dict(rec)  # no figures kept: nothing to judge again, the record stands
     facts = _RecordedCell(rec) if cell is None else cell
-    new = CellRecord(**{k: v for k, v in rec.items() if k in CellRecord.__dataclass_fields__
-                        and k not in _OUTCOME_FIELDS})
+    sc = facts.scenario
+    known = {"scenario": sc.name, "cell_id": facts.id, "tier": sc.tier,
+             "backend": getattr(sc, "backend", "te"), "save_topology": facts.save.id,
+             "load_topology": facts.load.id if facts.load else None, "patch": sc.patch,
+             "expected": rec.get("expected") or ""}
+    new = CellRecord(**{**known, **{k: v for k, v in rec.items() if k in CellRecord.__dataclass_fields__
+                                    and k not in _OUTCOME_FIELDS}})
     new.verify = {}
     save, load, stopped = stages_from_record(rec, facts)
     judge_cell(new, facts, save, load, stopped)
@@ -322,3 +329,4 @@ class _RecordedCell:
 class _RecordedScenario:
     def __init__(self, rec: dict):
         self.name, self.tier, self.patch, self.known_gaps = rec["scenario"], rec["tier"], rec["patch"], ()
+        self.backend = rec.get("backend", "te")
