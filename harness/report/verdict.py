@@ -154,7 +154,7 @@ def change_reason(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
                      "with the load topology's: that is the cross-topology figure, now reported, "
                      f"not asserted, and the state was bit-exact ({v.get('mismatch_count', 0)} "
                      "mismatches)")
-        parts.append(f"logits asserted: {v.get('logits_asserted')}"
+        parts.append(f"logits asserted: {v.get('logits_asserted') or 'none (no logits figures in this record)'}"
                      + (f" rel {v['logits_rel_diff']:.3g}" if "logits_rel_diff" in v else ""))
     if new.get("expected") != old.get("expected"):
         parts.append(f"expectation {old.get('expected')} -> {new.get('expected')}")
