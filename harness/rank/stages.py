@@ -59,7 +59,7 @@ def save_stage(spec: StageSpec) -> dict:
         logits = measure_logits(model, spec.model_size, spec.tier, device())
         if logits is not None:
             save_logits(logits, ref_dir, "checkpoint")
-        if spec.tier != "cpu":  # last: converts the model to fp32 (the noise floor's reference)
+        if _measures_noise_floor(spec):  # last: converts the model to fp32 (noise floor reference)
             fp32, error = fp32_pass(model, spec.model_size, device())
             if fp32 is not None:
                 save_logits(fp32, ref_dir, "checkpoint_fp32")
@@ -68,6 +68,13 @@ def save_stage(spec: StageSpec) -> dict:
         clock.lap("reference_reload")
     return {"durations": clock.durations, "clock_started_at": clock.started_at,
             "memory": peak_memory(), "reference_shards": shards}
+
+
+def _measures_noise_floor(spec: StageSpec) -> bool:
+    """The fp32 pass of the noise floor (harness/check/logits.py): GPU tiers (the cpu tier's
+    forward is fp32 already), pp 1 only: a rank whose fp32 pass raised inside megatron-core's
+    pipeline schedule would leave its peer waiting on a send, and the stage would hang."""
+    return spec.tier != "cpu" and spec.topo.pp == 1
 
 
 def _reload_keeps_state(spec: StageSpec) -> bool:
@@ -127,7 +134,7 @@ def load_stage(spec: StageSpec) -> dict:
         if figures is not None:
             figures["logits_at_load_topology"] = at_load_topology_figures(
                 logits, restored, tensors_written=sum(written))
-        if spec.tier != "cpu" and (ref_dir / "logits_checkpoint_fp32.pt").exists():
+        if _measures_noise_floor(spec) and (ref_dir / "logits_checkpoint_fp32.pt").exists():
             fp32, error = fp32_pass(model, spec.model_size, device())  # last: model -> fp32
             if figures is not None:
                 figures["noise_floor_figures"] = (
@@ -136,8 +143,10 @@ def load_stage(spec: StageSpec) -> dict:
                     if fp32 is not None else {"error": error or "fp32 logits not on this rank"})
         elif spec.tier != "cpu" and figures is not None:
             err = ref_dir / "fp32_error.txt"
-            figures["noise_floor_figures"] = {
-                "error": err.read_text() if err.exists() else "no fp32 reference from the save"}
+            figures["noise_floor_figures"] = {"error": (
+                "not measured at pp > 1" if not _measures_noise_floor(spec)
+                else err.read_text() if err.exists()
+                else "no fp32 reference from the save (a save at pp > 1 measures none)")}
         # The logits live on one rank (tp 0, dp 0 of the last pipeline stage); rank 0 reports.
         gathered = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, figures)
