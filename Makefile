@@ -1,7 +1,9 @@
 # One entry point for developers, `make repro` users and CI. Every target finds its Python
 # through tools/python.sh (bootstraps .venv from requirements/ on first use).
 SHELL := /bin/bash
-PY = $(shell bash tools/python.sh)
+# tools/python.sh prints the interpreter, or its reason on stderr and nothing on stdout: then
+# every target that needs Python stops here (make's exit 2) instead of running "-m harness".
+PY = $(or $(shell bash tools/python.sh),$(error no Python for the harness: see the line above from tools/python.sh))
 PYTEST_WORKERS ?= 2
 RESULTS ?= results
 

@@ -79,8 +79,9 @@ class TableEntry:
         if not self.counts:
             return self.note or "-"
         body = ", ".join(f"{n} {o}" for o, n in sorted(self.counts.items(), key=lambda x: (-x[1], x[0])))
-        tier = "/".join(self.tiers) if self.tiers else "?"
-        return f"{body} [{tier}]" + (f" ({self.note})" if self.note else "")
+        if not self.tiers:  # it never ran on a tier: an environment or harness error
+            return f"{body}: {self.note}" if self.note else body
+        return f"{body} [{'/'.join(self.tiers)}]" + (f" ({self.note})" if self.note else "")
 
 
 def versions_from(args) -> list[str]:
@@ -227,7 +228,7 @@ def run_version(v: str, root: Path) -> tuple[dict[str, TableEntry], list[dict]]:
     rc, out = _run(["bash", "tools/matrix-env.sh", v], TIMEOUTS["env"], logs / "env.log")
     if rc != 0:
         why = "timed out" if rc is None else _last_line(out)
-        return {"import": TableEntry(note=f"no env: {why}")}, []
+        return {"import": TableEntry({"error": 1}, [], f"no env: {why}")}, []
     py = out.strip().splitlines()[-1]
     cells: dict[str, TableEntry] = {}
     rc, out = _run([py, "-c", IMPORT_PROBE], TIMEOUTS["import"], logs / "import.log")
@@ -250,11 +251,11 @@ def run_version(v: str, root: Path) -> tuple[dict[str, TableEntry], list[dict]]:
         cells.update(cells_from_results({"cells": records}))
     else:
         why = "timed out" if rc is None else f"exit {rc}: {_last_line(out)}"
-        cells.update({c: TableEntry(note=f"no results ({why})") for c in COLUMNS[1:-1]})
+        cells.update({c: TableEntry({"error": 1}, [], f"no results ({why})") for c in COLUMNS[1:-1]})
     rc, out = _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                     "tests/test_oracle_vs_megatron.py", "-k", "real_validation and 2"],
                    TIMEOUTS["oracle"], logs / "oracle.log")
-    cells["oracle"] = cell_from_pytest(rc, out) if rc is not None else TableEntry(note="timed out")
+    cells["oracle"] = cell_from_pytest(rc, out) if rc is not None else TableEntry({"error": 1}, [], "timed out")
     return cells, records
 
 
@@ -301,6 +302,17 @@ def main(args) -> int:
     print(f"\nGoldens, loaded unpatched:\n{goldens}")
     print(f"\n[tier] = where the cell ran; gpu tiers are skipped without a GPU. "
           f"{time.time() - t0:.0f} s; {root}/matrix.md")
-    bad = any(n for cells in rows.values() for c in cells.values()
-              for o, n in c.counts.items() if o in ("fail", "failed", "error", "errors", *UNEXPECTED_OUTCOMES))
+    bad = [v for v, cells in rows.items() if any(
+        n for c in cells.values() for o, n in c.counts.items()
+        if o in ("fail", "failed", "error", "errors", *UNEXPECTED_OUTCOMES))]
+    for v in bad:  # one line each: a nightly job goes red on a typo or a broken version
+        print(f"matrix: error: modelopt {v}: {first_problem(rows[v])}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def first_problem(cells: dict[str, TableEntry]) -> str:
+    """The first table cell of a row that failed or could not run, as text."""
+    for name, cell in cells.items():
+        if any(o not in ("pass", "passed", "skipped") for o in cell.counts):
+            return f"{name}: {cell.text()}"
+    return "failed"

@@ -1,0 +1,53 @@
+"""An error is never exit 0: a make target without a usable Python stops with make's exit 2
+and one line, and a matrix row for a version that does not exist turns the run red."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness.run import matrix
+
+pytestmark = pytest.mark.cpu
+
+REPO = Path(__file__).resolve().parent.parent
+# Every target whose recipe runs the harness's Python (the others run bash scripts or docker).
+PYTHON_TARGETS = ("repro", "test", "test-all", "test-gpu", "witness", "verdict", "report", "map",
+                  "bench", "matrix")
+
+
+@pytest.mark.parametrize("target", PYTHON_TARGETS)
+def test_make_target_stops_without_python(target):
+    env = {**os.environ, "HARNESS_PYTHON": "bogus"}
+    done = subprocess.run(["make", "-s", target], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "HARNESS_PYTHON must be system, venv or auto (got 'bogus')" in done.stderr
+    assert "command not found" not in done.stderr
+    assert "no Python for the harness" in done.stderr
+
+
+def test_matrix_row_that_cannot_run_is_an_error(tmp_path, monkeypatch, capsys):
+    """A version whose environment cannot be built is a red row, with one line naming it."""
+    def no_env(cmd, timeout_s, log, env=None):
+        return 2, "matrix-env: ERROR: No matching distribution found for nvidia-modelopt==9.9.9\n"
+
+    monkeypatch.setattr(matrix, "_run", no_env)
+    rc = matrix.main(SimpleNamespace(modelopt=["9.9.9"], from_runs=[], results_root=str(tmp_path)))
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "matrix: error: modelopt 9.9.9: import:" in err
+    assert "No matching distribution" in err
+
+
+def test_matrix_cli_unknown_release_exits_nonzero(tmp_path):
+    """End to end through tools/matrix-env.sh: pip finds no such release (or no registry)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "--results-root", str(tmp_path), "matrix",
+         "--modelopt", "9.9.9"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "matrix: error: modelopt 9.9.9" in done.stderr
