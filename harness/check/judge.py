@@ -288,9 +288,9 @@ def rejudge_record(rec: dict, cell) -> dict:
 
     ``cell``: the scenario cell it was recorded for (its expectation and known gaps), or None
     when no scenario has it any more: then its recorded expectation stands."""
-    if rec.get("failed_stage") == "verify" and not rec.get("verify"):
-        return dict(rec)  # no figures kept: nothing to judge again, the record stands
     facts = _RecordedCell(rec) if cell is None else cell
+    if not _rejudgeable(rec, facts):
+        return dict(rec)  # it kept none of what it was judged from: the record stands
     sc = facts.scenario
     known = {"scenario": sc.name, "cell_id": facts.id, "tier": sc.tier,
              "backend": getattr(sc, "backend", "te"), "save_topology": facts.save.id,
@@ -309,6 +309,17 @@ def rejudge_record(rec: dict, cell) -> dict:
     if not new.verify and rec.get("verify"):
         out["verify"] = rec["verify"]  # a failed stage reports no figures: keep what was recorded
     return out
+
+
+def _rejudgeable(rec: dict, cell) -> bool:
+    """Whether the record kept what its outcome was decided from: a load that ran its verify
+    figures, a failure its failed stage (hand-written or truncated records may keep neither)."""
+    outcome = rec.get("outcome")
+    if outcome in ("skipped", INTERRUPTED, "blocked"):
+        return True
+    if rec.get("failed_stage") == "verify" or (outcome in ("pass", "unexpected-pass") and cell.load):
+        return bool(rec.get("verify"))
+    return outcome in ("pass", "unexpected-pass") or bool(rec.get("failed_stage"))
 
 
 class _RecordedCell:
