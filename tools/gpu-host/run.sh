@@ -20,8 +20,8 @@
 #   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
 #              cross: gpu-cross-topology (4 layers, 64 experts) and its 8-expert twin under
 #              0.48.0rc1 unpatched, with the noise-floor figures; <version>-<patch>: SAMPLE_CELLS
-#              (50) cells of `harness sample --seed SAMPLE_SEED` (25), SAMPLE_LOADS_PER_SAVE (3)
-#              loads per save, --jobs SAMPLE_JOBS (3); each part bounded by SAMPLE_PART_TIMEOUT_S
+#              (50) cells of `harness sample --seed SAMPLE_SEED` (25), SAMPLE_LOADS_PER_SAVE (5)
+#              loads per save, --jobs SAMPLE_JOBS (4); each part bounded by SAMPLE_PART_TIMEOUT_S
 #              (280; SIGTERM: the run writes its results marked incomplete). Carry .whl-048.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: run.sh <mode> (the modes are listed at the top of tools/gpu-host/run.sh)" >&2; exit 2; }
@@ -64,8 +64,8 @@ case "$1" in
         0.48.0rc1-none|0.47.0-fix|0.47.0-none)
           py=python3; [ "${part%-*}" = 0.48.0rc1 ] && py=$PY048
           timeout -s TERM $T $py -m harness --results-root $R sample --seed ${SAMPLE_SEED:-25} \
-            --cells ${SAMPLE_CELLS:-50} --loads-per-save ${SAMPLE_LOADS_PER_SAVE:-3} \
-            --jobs ${SAMPLE_JOBS:-3} --patch ${part##*-} --label sample-$part > "$OUT/sample-$part.log" 2>&1 ;;
+            --cells ${SAMPLE_CELLS:-50} --loads-per-save ${SAMPLE_LOADS_PER_SAVE:-5} \
+            --jobs ${SAMPLE_JOBS:-4} --patch ${part##*-} --label sample-$part > "$OUT/sample-$part.log" 2>&1 ;;
         *) echo "run.sh sample: unknown part '$part' (cross, 0.48.0rc1, 0.47.0-fix, 0.47.0-none)" >&2
            continue ;;
       esac
