@@ -120,3 +120,13 @@ def test_rejudge_reads_a_record_back_to_the_same_outcome():
     again = judge.rejudge_record(rec, _cell())
     assert again["outcome"] == rec["outcome"] == "unexpected-failure"
     assert again["message"] == rec["message"]
+
+
+def test_the_summary_shows_the_logits_figures_and_the_finding():
+    from harness.report.summary import markdown_summary
+
+    noise = {"bf16_vs_fp32_save": 0.002, "bf16_vs_fp32_load": 0.003, "fp32_cross_topology": 0.13}
+    rec = _judged(_verify(0.0, noise)).as_dict()
+    text = markdown_summary({"run_id": "r", "cells": [rec]})
+    assert "| cross-topology |" in text and "| 0.137 | 2 |" in text
+    assert "Findings (the product, not the checkpoint): 1" in text and "beyond rounding" in text
