@@ -2,8 +2,9 @@
 
 Pure judging, in one place: ranks measure (harness/rank/), the controller runs stages
 (harness/run/cell.py) and hands the typed results to ``judge_cell``, once per cell. Recorded
-runs are judged again by the same function (``rejudge_record``: the verdict, the matrix and
-``python -m harness equivalence --rejudge`` read its outcome).
+runs are judged again by the same function (``rejudge_record``: ``harness verdict`` and
+``harness equivalence --rejudge`` use it); the matrix and the reports read the outcome a record
+holds and judge nothing themselves.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ def judge_cell(rec: CellRecord, cell, save: StageResult | None, load: StageResul
         _load(rec, load, cell.scenario.known_gaps)
         rec.finding = topology_finding(rec.verify)
     return rec
+
 
 # The report's failure: megatron-core's validation refuses the per-expert amax access pattern.
 BUG_EXCEPTION = "CheckpointingException"
