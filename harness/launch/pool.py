@@ -58,6 +58,11 @@ def stage_mode(tier: str | None = None) -> str:
     return mode
 
 
+def key_environment() -> dict[str, str]:
+    """The controller's variables a pool's key holds (those its ranks read at start)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(_KEY_ENV_PREFIXES)}
+
+
 @dataclass(frozen=True)
 class PoolKey:
     """Stages a pool may run: same world, tier, patch (the fix cannot be undone), backend,
@@ -73,7 +78,7 @@ class PoolKey:
     @classmethod
     def of(cls, world: int, tier: str, patch: str, backend: str, root: Path,
            extra_env: dict | None = None) -> "PoolKey":
-        env = {k: v for k, v in os.environ.items() if k.startswith(_KEY_ENV_PREFIXES)}
+        env = key_environment()
         env.update({k: str(v) for k, v in (extra_env or {}).items()})
         return cls(world, tier, patch, backend, str(Path(root).resolve()),
                    tuple(sorted((k, v) for k, v in env.items() if k not in _NOT_KEY)))
@@ -220,9 +225,7 @@ class PoolSet:
                 stale += [p for k, ps in self._idle.items() for p in ps]
                 self._idle = {}
             if pool is None:
-                self.started += 1
-                name = f"w{key.world}-{key.tier}-{key.patch}-{self.started}"
-                pool = RankPool(key, Path(key.root) / "pools" / name)
+                pool = self._new_pool(key)
             self._busy.add(pool)
         for p in stale:
             p.close()
@@ -233,6 +236,24 @@ class PoolSet:
                 self._give_back(pool)
                 raise
         return pool
+
+    def _new_pool(self, key: PoolKey) -> RankPool:
+        self.started += 1
+        name = f"w{key.world}-{key.tier}-{key.patch}-{self.started}"
+        return RankPool(key, Path(key.root) / "pools" / name)
+
+    def prestart(self, keys: list[PoolKey]) -> None:
+        """Start one pool per entry of ``keys`` now (a key listed twice gets two), idle until a
+        stage takes it: its torchrun start and imports (rank/serve.py ``preload``) overlap
+        whatever the controller does meanwhile. Closes no idle pool of another key, unlike a
+        pool a stage starts off the cpu tier: the caller asks for exactly the pools its next
+        stages take (make repro's save wave, run/repro.py). The first stage's clock still
+        starts with the pool's torchrun."""
+        for key in keys:
+            with self._lock:
+                pool = self._new_pool(key)
+            pool.start()
+            self._give_back(pool)
 
     def idle_shapes(self) -> set[tuple[str, str, str, int]]:
         """(tier, patch, backend, world) of every live idle pool: run/cells.py starts a phase
@@ -254,7 +275,19 @@ class PoolSet:
         with self._lock:
             pools = [p for ps in self._idle.values() for p in ps] + list(self._busy)
             self._idle = {}
-        for p in pools:
+        # each waits up to STOP_WAIT_S for its ranks to leave: side by side (make repro ends
+        # with two or three 8-rank pools); one by one where no thread can start (at exit)
+        threads = [threading.Thread(target=p.close, name=f"close-{p.dir.name}") for p in pools]
+        started = []
+        for t in threads:
+            try:
+                t.start()
+                started.append(t)
+            except RuntimeError:
+                break
+        for t in started:
+            t.join()
+        for p in pools[len(started):]:
             p.close()
 
 

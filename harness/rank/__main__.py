@@ -9,6 +9,9 @@ import sys
 
 
 def main(argv: list[str]) -> None:
+    from harness.rank import trim
+
+    trim.install()  # before anything imports the stack
     from harness.rank.guard import rank_main
     from harness.rank.spec import StageSpec
     from harness.rank.stages import STAGES, configure_warnings

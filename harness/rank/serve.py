@@ -3,9 +3,11 @@
 Why: importing torch, megatron-core and ModelOpt is about half of a cpu-tier stage. A pool
 rank pays for it once, then runs consecutive stages of one world size in the same process,
 each exactly as ``python -m harness.rank`` would (rank/guard.py: the same rank log, stack
-dumps, result and error files in the stage directory). The stack is imported, the fix applied
-and the default process group joined by the first stage's own prepare_rank (so a failure there
-is that stage's, as in a fresh torchrun); later stages find them in place. Between stages
+dumps, result and error files in the stage directory). A rank imports the stack (the fix
+applied first) as soon as it starts (``preload``), so a pool started ahead of its first stage
+imports while the controller works; the first stage's own prepare_rank imports again (a no-op
+then, the real failure if the preload failed: that stage's, as in a fresh torchrun) and joins
+the default process group; later stages find them in place. Between stages
 megatron's parallel state is destroyed and re-created, as megatron's own unit tests do. Any
 failure ends the process like rank_main does; the controller (harness/launch/pool.py) then
 replaces the whole pool.
@@ -115,7 +117,38 @@ def _stop_save_manager() -> None:
         manager.shutdown()
 
 
-def run_job(rank: int, pool_dir: Path, job: dict) -> None:
+def preload() -> float:
+    """Import the pool's stack before the first job; returns when it began (epoch).
+
+    Why: a pool started ahead of its first stage (launch/pool.py ``PoolSet.prestart``) does its
+    imports while the controller is still busy. A failure here is only printed to the pool's
+    log: the first stage's own prepare_rank imports again and fails as that stage's error, as
+    in a fresh torchrun."""
+    import traceback
+
+    from harness.rank.setup import import_stack
+
+    began = time.time()
+    try:
+        import_stack(os.environ.get("HARNESS_POOL_TIER"), os.environ.get("HARNESS_POOL_PATCH"))
+    except Exception:  # noqa: BLE001 - re-raised by the first stage's own imports
+        print("[serve] preload failed; the first stage imports again:\n"
+              + traceback.format_exc(), file=sys.stderr, flush=True)
+    return began
+
+
+def _with_preload(result: dict, preloaded_at: float | None) -> dict:
+    """The first stage after a preload: its clock starts at the preload, whose phase
+    (``preload``: the imports, then any wait for this job) comes first, so the phases
+    still add up to the stage wall (run/cell.py ``_note_stage``)."""
+    if preloaded_at is None or not isinstance(result, dict) or "clock_started_at" not in result:
+        return result
+    waited = round(result["clock_started_at"] - preloaded_at, 3)
+    return {**result, "clock_started_at": preloaded_at,
+            "durations": {"preload": waited, **result.get("durations", {})}}
+
+
+def run_job(rank: int, pool_dir: Path, job: dict, preloaded_at: float | None = None) -> None:
     """One stage under the guard, then the reset; any failure ends this process."""
     from harness.jsonfile import write_json_atomic
     from harness.rank import guard
@@ -124,7 +157,7 @@ def run_job(rank: int, pool_dir: Path, job: dict) -> None:
     limit_s = max(1.0, float(job["deadline"]) - time.time())
     _job_env(job, limit_s)
     guard.enter_stage(rank, sd, limit_s)
-    result = guard.guarded(stage, rank, sd, lambda: _body(job))
+    result = _with_preload(guard.guarded(stage, rank, sd, lambda: _body(job)), preloaded_at)
     guard.guarded(stage, rank, sd, lambda: (guard.write_result(rank, sd, result), reset()))
     del result
     done = pool_dir / "done" / f"{job['seq']}.rank{rank}"
@@ -133,15 +166,20 @@ def run_job(rank: int, pool_dir: Path, job: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
+    from harness.rank import trim
+
+    trim.install()  # before anything imports the stack
     from harness.rank import guard
     from harness.rank.stages import configure_warnings
 
     configure_warnings()
     pool_dir = Path(argv[0]).resolve()
     rank = int(os.environ["RANK"])
-    seq = 1
+    seq, preloaded_at = 1, None
     while True:
         guard.enter_stage(rank, pool_dir, limit_s=0)  # idle: the pool's own log, no timer
+        if seq == 1:
+            preloaded_at = preload()
         job = next_job(pool_dir, seq)
         if job.get("stop"):
             print(f"[serve] stop after {seq - 1} stages: {job.get('why', 'asked')}", flush=True)
@@ -150,7 +188,7 @@ def main(argv: list[str]) -> None:
             guard.guarded("pool-stop", rank, pool_dir, guard.destroy_process_group)
             guard.leave(0)
         print(f"[serve] job {seq}: {job['stage']} in {job['stage_dir']}", flush=True)
-        run_job(rank, pool_dir, job)
+        run_job(rank, pool_dir, job, preloaded_at if seq == 1 else None)
         seq += 1
 
 

@@ -72,19 +72,27 @@ def peak_memory() -> dict:
     return out
 
 
-def prepare_rank(spec: StageSpec, clock: Clock):
-    """Imports, patch, process groups, model: the part both stages share."""
-    if spec.tier == "cpu":
+def import_stack(tier: str | None, patch: str | None) -> None:
+    """The stack a stage imports, the cpu shims and the fix applied first as they must be
+    (both idempotent). Called by every stage (prepare_rank) and, before its first job, by a
+    warm pool's ranks (rank/serve.py ``preload``)."""
+    if tier == "cpu":
         from harness.model.cpu_shims import apply_cpu_shims
 
         apply_cpu_shims()
-    if spec.patch == "fix":
+    if patch == "fix":
         from harness.fix import apply
 
         apply()
     import megatron.core  # noqa: F401  (timed as imports)
     import modelopt.torch.quantization  # noqa: F401
 
+    import harness.model.gpt  # noqa: F401
+
+
+def prepare_rank(spec: StageSpec, clock: Clock):
+    """Imports, patch, process groups, model: the part both stages share."""
+    import_stack(spec.tier, spec.patch)
     from harness.model.gpt import build_gpt
     from harness.rank.guard import pg_timeout_s
 

@@ -54,15 +54,32 @@ def _phase_order(cells: list, stage: str) -> list:
     return sorted(cells, key=key)
 
 
-def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdout) -> dict:
+def prestart_save_pools(cells, run_dir: Path) -> int:
+    """Pool mode: start now the warm pool each save stage of ``cells`` will take (one per save
+    stage; golden cells have none), so their start and imports overlap what the controller
+    does before run_cells (make repro: its GPU checks). Returns how many were started."""
+    from harness.launch.pool import PoolKey
+    from harness.run.cell import _tier_env  # the rank environment _launch keys a pool by
+
+    keys = [PoolKey.of(c.save.world_size, c.scenario.tier, c.scenario.patch, c.scenario.backend,
+                       run_dir, _tier_env(c.scenario.tier))
+            for c in cells
+            if c.load is None and not c.golden and stage_mode(c.scenario.tier) == "pool"]
+    POOLS.prestart(keys)
+    return len(keys)
+
+
+def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdout,
+              run_dir: Path | None = None) -> dict:
     """Run cells (skipping those this machine cannot run); print progress, then the table.
 
     Saves run first, then every load, each phase ``jobs`` cells at a time: a load needs its
-    save's checkpoint, and cells sharing a save must not race to create it.
+    save's checkpoint, and cells sharing a save must not race to create it. ``run_dir``: one
+    made already (new_run_dir), e.g. for pools started ahead (prestart_save_pools).
     """
     from harness.report.summary import markdown_summary, progress_line
 
-    run_dir = new_run_dir(results_root, label)
+    run_dir = run_dir or new_run_dir(results_root, label)
     start, lock, state = time.monotonic(), threading.Lock(), {"done": 0, "failures": 0}
 
     def one(cell) -> None:

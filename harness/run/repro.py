@@ -73,22 +73,87 @@ def _brief(error: str | None) -> str:
             f"main replicas {counts[0] if counts else '?'}") if keys else error[:200]
 
 
+def _looks_like_gpu_host() -> bool:
+    """A guess that costs nothing (no torch, no TE import): an NVIDIA device node and a TE
+    package. Only decides whether to start the save pools early; tier_skip_reason decides."""
+    import importlib.util
+
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return importlib.util.find_spec("transformer_engine") is not None and (
+        any(Path("/dev").glob("nvidia[0-9]*")) or (gpus.is_dir() and any(gpus.iterdir())))
+
+
+def _start_save_pools_early(cells, results_root: Path) -> Path | None:
+    """Warm pools only: the GPU run's save pools, started before the controller imports torch
+    and TE for its own checks (about 11 s on the H200 host, issue 23), so those checks overlap
+    the ranks' start and imports instead of preceding them. Returns the run directory."""
+    from harness.run.cells import prestart_save_pools
+    from harness.run.results import new_run_dir
+
+    run_dir = new_run_dir(results_root, "repro-gpu")
+    started = prestart_save_pools(cells, run_dir)
+    if started:
+        print(f"== {started} save-stage pools started ahead of the checks (warm rank pools)")
+        return run_dir
+    run_dir.rmdir()
+    return None
+
+
+def _keep_rank_env(before: dict[str, str]) -> None:
+    """The controller's own torch/TE imports may set variables a pool's key holds (CUDA_*,
+    TORCH_*); the early pools' ranks started without them. Put them back as they were, so
+    the stages' keys match those pools and every rank starts from the same environment."""
+    import os
+
+    from harness.launch.pool import key_environment
+
+    now = key_environment()
+    changed = sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
+    for k in changed:
+        if k in before:
+            os.environ[k] = before[k]
+        else:
+            os.environ.pop(k)
+    if changed:
+        print(f"   (variables set by the controller's own imports, kept from the ranks: "
+              f"{', '.join(changed)})")
+
+
+def _drop_early_run(run_dir: Path | None) -> None:
+    """Not a GPU run after all: close the pools started early and remove their run directory."""
+    import shutil
+
+    from harness.launch.pool import POOLS
+
+    if run_dir is not None:
+        POOLS.close_all()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def repro(results_root: Path, gpu: str = "auto") -> int:
+    from harness.launch.pool import key_environment
     from harness.run.cells import run_cells, select_cells
     from harness.scenario.scenarios import load_all
 
     start = time.monotonic()
+    scenarios = load_all()
+    gpu_cells = select_cells(scenarios, GPU_REPRO_CELLS)
+    rank_env = key_environment()
+    early = (_start_save_pools_early(gpu_cells, results_root)
+             if gpu != "no" and _looks_like_gpu_host() else None)
     gpu_reason = tier_skip_reason("gpu-shared", 8)
     use_gpu = gpu == "yes" or (gpu == "auto" and gpu_reason is None)
     if gpu == "yes" and gpu_reason:
+        _drop_early_run(early)
         print(f"error: --gpu yes but {gpu_reason}")
         return 2
-    scenarios = load_all()
     if use_gpu:
         _header("gpu-shared", "CUDA GPU and Transformer Engine found")
-        cells = select_cells(scenarios, GPU_REPRO_CELLS)
-        doc = run_cells(cells, results_root, "repro-gpu", jobs=4)
+        if early is not None:
+            _keep_rank_env(rank_env)
+        doc = run_cells(gpu_cells, results_root, "repro-gpu", jobs=4, run_dir=early)
     else:
+        _drop_early_run(early)
         _header("cpu", gpu_reason or "forced with --gpu no")
         print("   GPU tiers (gpu-shared, gpu) need a CUDA GPU + Transformer Engine; "
               "run `make repro` on a GPU host or in the docker image for the TEGroupedMLP path.")

@@ -23,12 +23,16 @@
 #              (50) cells of `harness sample --seed SAMPLE_SEED` (25), SAMPLE_LOADS_PER_SAVE (5)
 #              loads per save, --jobs SAMPLE_JOBS (4); each part bounded by SAMPLE_PART_TIMEOUT_S
 #              (280; SIGTERM: the run writes its results marked incomplete). Carry .whl-048.
+#   repro-compare  make repro of an older checkout (OLD_TREE, default .gpu/old: `git archive <commit>`
+#              unpacked there, carried), of this one, and of this one with HARNESS_RANK_TRIM=$TRIM,
+#              each timed (harness clock and wall), the same outcomes checked (bench/repro_compare.py)
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: run.sh <mode> (the modes are listed at the top of tools/gpu-host/run.sh)" >&2; exit 2; }
 source /root/gw/base/env.sh
 export HARNESS_PYTHON=system PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 R=results
+PWD_ROOT=$PWD
 H="python3 -m harness --results-root $R"
 # GPU memory in use (all processes, CUDA contexts included), once a second, for the whole call
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 > "$OUT/gpu-memory-$1.csv" 2>/dev/null &
@@ -77,6 +81,40 @@ case "$1" in
       HARNESS_STAGE_MODE=$m python3 -m harness --results-root $R repro > "$OUT/repro-$m.log" 2>&1
       echo "repro $m: rc $? wall $(( $(date +%s) - start )) s"
     done ;;
+  repro-compare)  # issue 23; SIDES narrows (default "old new trim"), WARM=0 skips the warm-up
+    OLD_TREE=${OLD_TREE:-.gpu/old}
+    [ -f "$OLD_TREE/harness/__main__.py" ] || {
+      echo "repro-compare: no harness snapshot in $OLD_TREE (mkdir -p $OLD_TREE && git archive <commit> | tar -x -C $OLD_TREE)" >&2; exit 2; }
+    # do the ranks find compiled bytecode, or compile the stack in every interpreter?
+    python3 - <<'PY'
+import importlib.util, os, sys
+from pathlib import Path
+tag = f"cpython-{sys.version_info[0]}{sys.version_info[1]}"
+for name in ("torch", "transformer_engine", "megatron", "modelopt", "transformers"):
+    spec = importlib.util.find_spec(name)
+    dirs = [Path(d) for d in (spec.submodule_search_locations or [])] if spec else []
+    py = sum(1 for d in dirs for _ in d.rglob("*.py"))
+    pyc = sum(1 for d in dirs for _ in d.rglob(f"*.{tag}.pyc"))
+    print(f"bytecode {name}: {py} .py, {pyc} .{tag}.pyc, writable {all(os.access(d, os.W_OK) for d in dirs)}")
+print("PYTHONDONTWRITEBYTECODE", os.environ.get("PYTHONDONTWRITEBYTECODE"),
+      "PYTHONPYCACHEPREFIX", os.environ.get("PYTHONPYCACHEPREFIX"))
+PY
+    # the stack's files in the page cache before the first side, so no side pays a cold read
+    [ "${WARM:-1}" = 0 ] || python3 -c "import time; t = time.time(); import transformer_engine.pytorch, megatron.core, modelopt.torch.quantization; print(f'warm-up import {time.time() - t:.1f} s')"
+    logs=()
+    for side in ${SIDES:-old new trim}; do
+      dir=.; trim=
+      [ "$side" = old ] && dir=$OLD_TREE
+      [ "$side" = trim ] && trim=${TRIM:-transformers,torchvision,numba}
+      start=$(date +%s.%N)
+      (cd "$dir" && HARNESS_RANK_TRIM=$trim python3 -m harness --results-root "$PWD_ROOT/$R/$side" repro) \
+        > "$OUT/repro-$side.log" 2>&1
+      rc=$?
+      echo "wall: $(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')") s" >> "$OUT/repro-$side.log"
+      echo "repro $side: rc $rc, $(grep -h '^repro finished' "$OUT/repro-$side.log"), $(tail -1 "$OUT/repro-$side.log")"
+      logs+=("$OUT/repro-$side.log")
+    done
+    python3 bench/repro_compare.py "${logs[@]}" | tee "$OUT/repro-compare.md" ;;
   profile)
     python3 bench/import_profile.py --repeats 2 --json "$OUT/import-profile.json"
     python3 bench/import_profile.py --repeats 1 --concurrent 8 --json "$OUT/import-profile-x8.json"
