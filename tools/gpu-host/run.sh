@@ -17,6 +17,12 @@
 #              without the packages in TRIM
 #   equivalence  EQ_SCENARIOS (default gpu-witness; a,b for several) fresh, then with --stage-mode pool, compared
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
+#   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
+#              cross: gpu-cross-topology (4 layers, 64 experts) and its 8-expert twin under
+#              0.48.0rc1 unpatched, with the noise-floor figures; <version>-<patch>: SAMPLE_CELLS
+#              (50) cells of `harness sample --seed SAMPLE_SEED` (25), SAMPLE_LOADS_PER_SAVE (5)
+#              loads per save, --jobs SAMPLE_JOBS (4); each part bounded by SAMPLE_PART_TIMEOUT_S
+#              (280; SIGTERM: the run writes its results marked incomplete). Carry .whl-048.
 #   repro-compare  make repro of an older checkout (OLD_TREE, default .gpu/old: `git archive <commit>`
 #              unpacked there, carried), of this one, and of this one with HARNESS_RANK_TRIM=$TRIM,
 #              each timed (harness clock and wall), the same outcomes checked (bench/repro_compare.py)
@@ -52,6 +58,26 @@ case "$1" in
     # the newest pair (run directories start with their time; a queue may run this mode twice)
     python3 -m harness equivalence "$(ls -d $R/*-eq-fresh | tail -1)/results.json" \
       "$(ls -d $R/*-eq-pool | tail -1)/results.json" ;;
+  sample)
+    PY048=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
+    T=${SAMPLE_PART_TIMEOUT_S:-280}
+    for part in $(echo "${SAMPLE_PARTS:-cross,0.48.0rc1,0.47.0-fix,0.47.0-none}" | tr , ' '); do
+      [ "$part" = 0.48.0rc1 ] && part=0.48.0rc1-none
+      start=$(date +%s)
+      case "$part" in
+        cross)
+          timeout -s TERM $T $PY048 -m harness --results-root $R run --label cross-topology-0.48.0rc1 \
+            --jobs 4 --scenario gpu-cross-topology --scenario gpu-cross-topology-8 > "$OUT/sample-$part.log" 2>&1 ;;
+        0.48.0rc1-none|0.47.0-fix|0.47.0-none)
+          py=python3; [ "${part%-*}" = 0.48.0rc1 ] && py=$PY048
+          timeout -s TERM $T $py -m harness --results-root $R sample --seed ${SAMPLE_SEED:-25} \
+            --cells ${SAMPLE_CELLS:-50} --loads-per-save ${SAMPLE_LOADS_PER_SAVE:-5} \
+            --jobs ${SAMPLE_JOBS:-4} --patch ${part##*-} --label sample-$part > "$OUT/sample-$part.log" 2>&1 ;;
+        *) echo "run.sh sample: unknown part '$part' (cross, 0.48.0rc1, 0.47.0-fix, 0.47.0-none)" >&2
+           continue ;;
+      esac
+      echo "$part: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$OUT/sample-$part.log"
+    done ;;
   repro-modes)
     for m in fresh pool; do
       start=$(date +%s)
