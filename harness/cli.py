@@ -1,5 +1,5 @@
-"""``python -m harness <command>``: the one entry point (map, run, repro, dump-metadata, verdict,
-report, inspect, matrix, golden). Rank programs (harness/rank/) are internal modules."""
+"""``python -m harness <command>``: the one entry point (map, run, sample, repro, dump-metadata,
+verdict, report, inspect, repair, matrix, golden). Rank programs (harness/rank/) are internal modules."""
 from __future__ import annotations
 
 import argparse
@@ -51,6 +51,32 @@ def cmd_run(args) -> int:
 
         os.environ["HARNESS_STAGE_MODE"] = args.stage_mode
     doc = run_cells(cells, Path(args.results_root), label=args.label, jobs=args.jobs)
+    from harness.run.results import exit_code
+
+    return exit_code(doc)
+
+
+def cmd_sample(args) -> int:
+    """Randomized cells off the committed grid (harness/scenario/sample.py), run as scenarios."""
+    from harness.run.cells import run_cells
+    from harness.scenario.sample import describe, sample_scenarios
+
+    try:
+        scenarios = sample_scenarios(args.seed, args.cells, max_ranks=args.ranks, tier=args.tier,
+                                     patch=args.patch, loads_per_save=args.loads_per_save)
+    except ValueError as exc:
+        print(f"error: harness sample: {exc}", file=sys.stderr)
+        return 2
+    if args.list:
+        print(describe(scenarios))
+        return 0
+    if args.stage_mode:
+        import os
+
+        os.environ["HARNESS_STAGE_MODE"] = args.stage_mode
+    cells = [c for s in scenarios for c in s.cells()]
+    label = args.label or f"sample-s{args.seed}-{args.patch}"
+    doc = run_cells(cells, Path(args.results_root), label=label, jobs=args.jobs)
     from harness.run.results import exit_code
 
     return exit_code(doc)
@@ -130,6 +156,12 @@ def cmd_inspect(args) -> int:
     return inspect_main(args)
 
 
+def cmd_repair(args) -> int:
+    from harness.golden.repair import main as repair_main
+
+    return repair_main(args)
+
+
 def cmd_golden(args) -> int:
     from harness.golden.manifest import GoldenError, verify_manifest, write_manifest
     from harness.run.golden import make_golden
@@ -139,6 +171,13 @@ def cmd_golden(args) -> int:
             print(make_golden(args.dir, topology=args.topology,
                        validate_sharding=args.validate_sharding == "true", tier=args.tier,
                        notes=args.notes))
+        elif args.golden_cmd == "repair":
+            from harness.golden.repair import RepairError, repair_golden
+
+            try:
+                print(repair_golden(args.dir, args.dst))
+            except RepairError as exc:
+                raise GoldenError(str(exc)) from None
         elif args.golden_cmd == "write":
             print(write_manifest(args.dir, topology=args.topology, made_by=args.made_by,
                                  layout=args.layout, notes=args.notes))
@@ -186,6 +225,21 @@ def main(argv: list[str] | None = None) -> int:
                         "default on tier gpu). Also HARNESS_STAGE_MODE")
     r.set_defaults(fn=cmd_run)
 
+    sm = sub.add_parser("sample", help="randomized cells the committed grids do not have, run as scenarios")
+    sm.add_argument("--seed", type=int, required=True, help="the same seed draws the same cells")
+    sm.add_argument("--cells", type=bounded_int(1, 1000), default=50, help="load cells to draw")
+    sm.add_argument("--ranks", type=bounded_int(1, 64), default=8,
+                    help="rank budget: no topology needs more (default 8: one H200 over gloo)")
+    sm.add_argument("--loads-per-save", type=bounded_int(1, 16), default=1,
+                    help="loads drawn per (save topology, model size): cells sharing a save share its stage")
+    sm.add_argument("--tier", choices=TIERS, default="gpu-shared")
+    sm.add_argument("--patch", choices=("none", "fix"), default="none")
+    sm.add_argument("--list", action="store_true", help="print the drawn cells, run nothing")
+    sm.add_argument("--jobs", type=bounded_int(1, 64), default=1, help="cells at once per phase")
+    sm.add_argument("--label", default="", help="suffix of the results/<run-id> folder")
+    sm.add_argument("--stage-mode", choices=STAGE_MODES, default=None, help="as for run")
+    sm.set_defaults(fn=cmd_sample)
+
     rp = sub.add_parser("repro", help="the main job: reproduce the bug and check the fix here")
     rp.add_argument("--gpu", choices=("auto", "yes", "no"), default="auto")
     rp.set_defaults(fn=cmd_repro)
@@ -208,13 +262,23 @@ def main(argv: list[str] | None = None) -> int:
     rep.set_defaults(fn=cmd_report)
 
     eq = sub.add_parser("equivalence", help="do two runs of the same cells give the same results?")
-    eq.add_argument("reference", help="results.json of the reference run (fresh torchrun per stage)")
-    eq.add_argument("candidate", help="results.json of the run to check (e.g. --stage-mode pool)")
+    eq.add_argument("reference", nargs="?", help="results.json of the reference run (fresh torchrun per stage)")
+    eq.add_argument("candidate", nargs="?", help="results.json of the run to check (e.g. --stage-mode pool)")
+    eq.add_argument("--rejudge", nargs="+", metavar="RESULTS",
+                    help="recorded runs against themselves judged again under today's rules")
     eq.set_defaults(fn=cmd_equivalence)
 
     ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds")
     ins.add_argument("ckpt")
+    ins.add_argument("--json", action="store_true", help="the layout and forecast as JSON")
     ins.set_defaults(fn=cmd_inspect)
+
+    rpr = sub.add_parser("repair", help="write a copy of a checkpoint that per-expert releases "
+                                        "load complete (offline, no GPU; SRC is not touched)")
+    rpr.add_argument("src")
+    rpr.add_argument("dst")
+    rpr.add_argument("--dry-run", action="store_true", help="print what would be written")
+    rpr.set_defaults(fn=cmd_repair)
 
     g = sub.add_parser("golden", help="golden checkpoints: make (GPU host), write or verify a manifest")
     gsub = g.add_subparsers(dest="golden_cmd", required=True)
@@ -230,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     gw.add_argument("--made-by", required=True)
     gw.add_argument("--layout", default="")
     gw.add_argument("--notes", default="")
+    gr = gsub.add_parser("repair", help="repair a golden (python -m harness repair) into a new "
+                                        "golden directory with its manifest")
+    gr.add_argument("dir")
+    gr.add_argument("dst")
     gv = gsub.add_parser("verify", help="every file's sha256 against the manifest")
     gv.add_argument("dir")
     g.set_defaults(fn=cmd_golden)

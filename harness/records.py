@@ -94,6 +94,9 @@ class CellRecord:
     notice: str | None = None
     # How its stages started: "pool" (warm rank pools) or "fresh" (a torchrun per stage).
     stage_mode: str | None = None
+    # A finding about the product that is not the checkpoint's (harness/check/logits.py
+    # topology_finding: the forward differs across topologies beyond its noise floor).
+    finding: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -108,3 +108,48 @@ def test_recorded_nano_shape_rerun_under_deterministic_algorithms_is_exact():
         assert at_load["plain"]["rel_diff"] == at_load["nvfp4"]["rel_diff"] == 0.0
         assert judge_logits(v, cell["tier"])["logits_ok"]
         assert v["mismatch_count"] == 0 and v["expert_amax_state"]["differs"] == 0
+
+
+@pytest.mark.cpu
+def test_fp32_pass_converts_the_model_and_its_config_and_runs_without_autocast(monkeypatch):
+    """The noise floor's pass (harness/check/logits.py): the same state in fp32, deterministic."""
+    from types import SimpleNamespace
+
+    from megatron.core import parallel_state as ps
+
+    seen = []
+
+    def forward(_model, _batch, bf16_autocast=True):
+        seen.append((torch.are_deterministic_algorithms_enabled(), bf16_autocast))
+        return torch.ones(2, 3, 4)
+
+    model = torch.nn.Linear(1, 1).to(torch.bfloat16)
+    model.config = SimpleNamespace(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
+    monkeypatch.setattr(probe, "forward", forward)
+    monkeypatch.setattr(probe, "sample_batch", lambda *a: None)
+    monkeypatch.setattr(probe, "quantizers_bypassed", lambda _m: nullcontext())
+    monkeypatch.setattr(probe, "_gather_logits", lambda t: t)
+    monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda: 1)
+    out, error = probe.fp32_pass(model, None, "cpu")
+    assert error is None and out["plain"] is not None and seen == [(True, False)]
+    assert model.weight.dtype == torch.float32 and model.config.pipeline_dtype == torch.float32
+    assert not model.config.bf16
+
+    def broken(*_a, **_k):
+        raise RuntimeError("no fp32 kernel\nsecond line")
+
+    monkeypatch.setattr(probe, "forward", broken)
+    out, error = probe.fp32_pass(model, None, "cpu")
+    assert out is None and error == "fp32 pass failed: RuntimeError: no fp32 kernel"
+
+
+@pytest.mark.cpu
+def test_noise_floor_figures_share_the_cross_topology_scale():
+    ref = {"plain": torch.tensor([[[2.0, -4.0]]])}
+    fp32_save = {"plain": torch.tensor([[[2.0, -3.6]]])}
+    restored = {"plain": torch.tensor([[[2.2, -4.0]]])}
+    fp32_load = {"plain": torch.tensor([[[2.0, -3.6]]])}
+    got = probe.noise_floor_figures(restored, fp32_load, ref, fp32_save)
+    assert got["bf16_vs_fp32_save"] == pytest.approx(0.1)   # 0.4 / max|ref| 4
+    assert got["bf16_vs_fp32_load"] == pytest.approx(0.1)   # 0.4 / 4
+    assert got["fp32_cross_topology"] == 0.0

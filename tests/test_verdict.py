@@ -126,17 +126,19 @@ def test_no_gpu_runs_cells_and_says_no_evidence(tmp_path, capsys):
 
 
 def test_recorded_logits_failure_is_rejudged_under_the_current_rule():
-    """The H200 Nano cell failed the whole-batch logits check (one of 32 tokens changed experts);
-    with its routing figures recorded, today's rule passes it; without them it stays a failure."""
+    """The H200 Nano cell failed the whole-batch logits check at the save topology with every
+    tensor bit-exact; under today's rule (issue 25) that comparison is the cross-topology figure,
+    reported, not asserted: re-judged pass, with or without its routing figures, and the note
+    says so."""
     routing = json.loads((RUNS / "20261202-151428-routing.results.json").read_text())
     fix2 = json.loads((RUNS / "20261202-144727-fix2.results.json").read_text())
     witness = json.loads(WITNESS.read_text())
-    together = {c["cell_id"]: c for doc in (witness, fix2, routing) for c in doc["cells"]}
-    v = _by_job(verdict.judge_records(together))[NANO]
-    assert v.word == verdict.SAFE_WITH_PATCH
-    assert any("re-judged pass" in e.note for e in v.evidence)
-    without_routing = {c["cell_id"]: c for doc in (witness, fix2) for c in doc["cells"]}
-    assert _by_job(verdict.judge_records(without_routing))[NANO].word == verdict.UNEXPECTED
+    for docs in ((witness, fix2, routing), (witness, fix2)):
+        together = {c["cell_id"]: c for doc in docs for c in doc["cells"]}
+        v = _by_job(verdict.judge_records(together))[NANO]
+        assert v.word == verdict.SAFE_WITH_PATCH
+        note = next(e.note for e in v.evidence if "re-judged pass" in e.note)
+        assert "cross-topology figure" in note and "0 mismatches" in note
 
 
 def test_a_fixed_release_is_safe_by_its_own_rules_and_the_goldens_are_reported():

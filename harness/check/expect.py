@@ -55,6 +55,37 @@ def read_checkpoint_tensors(ckpt_dir: Path | str) -> dict[str, torch.Tensor]:
     return {k: v for k, v in everything.items() if k in tensors}
 
 
+# Where a per-expert amax the checkpoint lacks comes from: ("legacy", shared key) or ("max", weight key).
+FROM_LEGACY, MAX_CALIBRATED = "legacy", "max"
+
+
+def derived_amax_sources(keys) -> dict[str, tuple[str, str]]:
+    """Per-expert weight amax key -> (FROM_LEGACY, shared amax key) | (MAX_CALIBRATED, weight key),
+    for every expert weight in ``keys`` whose own amax is absent. Key names only, so it works on
+    a checkpoint's metadata (harness/golden/repair.py) as on loaded tensors (expected_state)."""
+    keys = set(keys)
+    out = {}
+    for key in sorted(keys):
+        m = EXPERT_WEIGHT.match(key)
+        if m is None or weight_amax_key(key) in keys:
+            continue
+        legacy = shared_weight_amax_key(m)
+        out[weight_amax_key(key)] = (FROM_LEGACY, legacy) if legacy in keys else (MAX_CALIBRATED, key)
+    return out
+
+
+def max_calibrated_amax(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What ModelOpt's max calibration stores for a per-tensor NVFP4 weight quantizer: max|W| over
+    the whole expert weight (all its TP shards), shape (1,), in the amax dtype."""
+    return weight.float().abs().amax().reshape(1).to(dtype)
+
+
+def amax_dtype_of(dtypes) -> torch.dtype:
+    """The dtype of the checkpoint's weight amax (bf16 when none or several are stored)."""
+    dtypes = set(dtypes)
+    return dtypes.pop() if len(dtypes) == 1 else torch.bfloat16
+
+
 def expected_state(stored: dict[str, torch.Tensor], runtime_layout: str = "per-expert") -> Expectation:
     """``runtime_layout``: that of the modelopt that will load it (harness/check/versions.py). A
     shared-layout modelopt (<= 0.46) has no per-expert amax: it must load the stored tensors
@@ -62,22 +93,17 @@ def expected_state(stored: dict[str, torch.Tensor], runtime_layout: str = "per-e
     if runtime_layout == "shared":
         return Expectation(tensors=dict(stored))
     exp = Expectation(tensors={})
-    amax_dtypes = {v.dtype for k, v in stored.items() if k.endswith(WEIGHT_AMAX_SUFFIX)}
-    amax_dtype = amax_dtypes.pop() if len(amax_dtypes) == 1 else torch.bfloat16
-    for key, value in stored.items():
-        m = EXPERT_WEIGHT.match(key)
-        amax_key = weight_amax_key(key) if m else None
-        if m is None or amax_key in stored:
-            continue
-        legacy = shared_weight_amax_key(m)
-        linear = legacy[: -len("." + WEIGHT_AMAX_SUFFIX)]
-        if legacy in stored:
-            exp.tensors[amax_key] = stored[legacy].clone()
+    amax_dtype = amax_dtype_of(v.dtype for k, v in stored.items() if k.endswith(WEIGHT_AMAX_SUFFIX))
+    for amax_key, (how, source) in derived_amax_sources(stored).items():
+        m = EXPERT_WEIGHT.match(amax_key[: -len("_quantizer._amax")])
+        linear = f"{m['prefix']}.{m['name']}"
+        if how == FROM_LEGACY:
+            exp.tensors[amax_key] = stored[source].clone()
             exp.from_legacy.setdefault(linear, []).append(int(m["expert"]))
-            if legacy not in exp.legacy_keys:
-                exp.legacy_keys.append(legacy)
+            if source not in exp.legacy_keys:
+                exp.legacy_keys.append(source)
         else:
-            exp.tensors[amax_key] = value.float().abs().amax().reshape(1).to(amax_dtype)
+            exp.tensors[amax_key] = max_calibrated_amax(stored[source], amax_dtype)
             exp.max_calibrated.setdefault(linear, []).append(int(m["expert"]))
     for key, value in stored.items():
         if key not in exp.legacy_keys:

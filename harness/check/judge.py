@@ -1,17 +1,61 @@
 """A cell's outcome from its stage results, under the rules of the ModelOpt that ran.
 
-Pure judging: ranks measure (harness/rank/), the controller runs stages (harness/run/cell.py)
-and hands the typed results here. Recorded runs are judged again with the same functions
-(harness/report/verdict.py).
+Pure judging, in one place: ranks measure (harness/rank/), the controller runs stages
+(harness/run/cell.py) and hands the typed results to ``judge_cell``, once per cell. Recorded
+runs are judged again by the same function (``rejudge_record``: ``harness verdict`` and
+``harness equivalence --rejudge`` use it); the matrix and the reports read the outcome a record
+holds and judge nothing themselves.
 """
 from __future__ import annotations
 
 import re
 
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
-from harness.check.logits import judge_logits, logits_problems
-from harness.check.versions import installed_mcore, plugin_problem, rules_for
+from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, topology_finding
+from harness.check import versions
+from harness.check.versions import installed_mcore, plugin_problem
 from harness.records import INTERRUPTED, RULE_UNKNOWN, CellRecord, StageCause, StageResult
+
+
+def rules_for(modelopt: str | None, mcore: str | None = None):
+    """THE place the judge reads rules (harness/check/versions.py): those of the (modelopt,
+    megatron-core) pair; ``mcore`` None: the megatron-core installed here."""
+    return versions.rules_for(modelopt, mcore or installed_mcore())
+
+
+def judge_cell(rec: CellRecord, cell, save: StageResult | None, load: StageResult | None,
+               stopped: str | None = None) -> CellRecord:
+    """The cell's outcome from what ran: ``save`` (None: not run), ``load`` (None: not run or a
+    save-only cell) and ``stopped`` (the signal that stopped the controller before the save).
+
+    Fills the outcome fields of ``rec`` (expectations of the modelopt the ranks imported, outcome,
+    failure, judged verify figures, the cross-topology finding) and returns it."""
+    under_version(rec, cell, None)
+    for stage in (save, load):
+        if stage is not None:
+            under_version(rec, cell, stage)
+    if save is None:
+        if stopped:
+            interrupted(rec, None, stopped)
+        else:
+            skip = version_skip_reason(cell, rules_for(rec.modelopt, rec.mcore), rec.modelopt)
+            rec.outcome, rec.reason = "skipped", skip or "not run"
+    elif save.interrupted:
+        interrupted(rec, save, save.interrupted)
+    elif cell.load is None:
+        save_only(rec, save)
+    elif not save.ok:
+        blocked(rec, save, cell.save.id)
+    elif load is None:
+        rec.outcome, rec.reason = "skipped", "load stage not run"
+    elif load.interrupted:
+        interrupted(rec, load, load.interrupted)
+    else:
+        _load(rec, load, cell.scenario.known_gaps)
+        rec.finding = topology_finding(rec.verify)
+    settle_unknown(rec)
+    return rec
+
 
 # The report's failure: megatron-core's validation refuses the per-expert amax access pattern.
 BUG_EXCEPTION = "CheckpointingException"
@@ -126,10 +170,12 @@ def blocked(rec: CellRecord, save: StageResult, save_id: str) -> None:
 
 
 def judged_verify(verify: dict, tier: str) -> dict:
-    """The rank's measurements with the logits criterion applied (when logits were measured)."""
-    if "logits_plain" not in verify:
-        return dict(verify)
-    return {**verify, **judge_logits(verify, tier)}
+    """The rank's measurements with the logits criterion applied (when logits were measured);
+    figures an earlier criterion judged into a recorded verify dict are dropped first."""
+    measured = {k: v for k, v in verify.items() if k not in JUDGED_KEYS}
+    if "logits_plain" not in measured and "logits_at_load_topology" not in measured:
+        return measured
+    return {**measured, **judge_logits(measured, tier)}
 
 
 def verify_problems(verify: dict, known_gaps) -> list[str]:
@@ -148,7 +194,7 @@ def verify_problems(verify: dict, known_gaps) -> list[str]:
     return problems
 
 
-def load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
+def _load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
     """A load stage against the cell's expectation."""
     if not stage.ok:
         failed_stage(rec, stage, "fail-load")
@@ -217,3 +263,107 @@ def bug_gone_message(rec: CellRecord) -> str:
         f"no longer reproduces with nvidia-modelopt {rec.modelopt}; the "
         "quarantined Nemotron-3 jobs are candidates for un-quarantine (see `make verdict`)"
     )
+
+
+# --- recorded runs judged again -----------------------------------------------------------------
+
+# What a record keeps of its judging; re-judging starts from the record without them.
+_OUTCOME_FIELDS = ("outcome", "failed_stage", "exception_type", "message", "failing_key",
+                   "first_failure_rank", "secondary_errors", "reason", "finding")
+
+
+def stages_from_record(rec: dict, cell) -> tuple[StageResult | None, StageResult | None, str | None]:
+    """(save, load, stopped) as the record's stages reported them, from what it kept: the first
+    failure's type, message, key and rank; rank 0's verify figures; the versions the ranks
+    imported. Enough for ``judge_cell`` to judge it again."""
+    env = {"nvidia-modelopt": rec["modelopt"]} if rec.get("modelopt") else {}
+    outcome, failed = rec.get("outcome"), rec.get("failed_stage")
+
+    def stage(name: str, ok: bool, **kw) -> StageResult:
+        return StageResult(stage=name, ok=ok, wall_s=0.0, environment=env, **kw)
+
+    def failure(name: str) -> StageResult:
+        cause = StageCause(rank=rec.get("first_failure_rank"), kind="exception",
+                           exc_type=rec.get("exception_type"), message=rec.get("message") or "",
+                           key=rec.get("failing_key"))
+        return stage(name, False, cause=cause, secondaries=list(rec.get("secondary_errors") or []),
+                     timed_out="timed out" in (rec.get("reason") or ""))
+
+    if outcome == INTERRUPTED:
+        named = re.search(r"SIG[A-Z]+", rec.get("reason") or "")
+        signal = named.group(0) if named else "SIGINT"
+        if not failed:
+            return None, None, signal
+        if failed != "load":
+            return stage(failed, False, interrupted=signal), None, None
+        return stage("save", True), stage("load", False, interrupted=signal), None
+    if outcome == "skipped":
+        return None, None, None
+    save_name = "golden" if getattr(cell, "golden", "") else "save"
+    if failed in ("save", "golden") or outcome == "blocked":
+        return failure(save_name), None, None
+    if cell.load is None:
+        return stage(save_name, True), None, None
+    if failed == "load":
+        return stage(save_name, True), failure("load"), None
+    return stage(save_name, True), stage("load", True, rank_results={"0": {"verify": rec.get("verify") or {}}}), None
+
+
+def rejudge_record(rec: dict, cell) -> dict:
+    """``rec`` (a results.json cell) judged again by ``judge_cell`` under today's rules.
+
+    ``cell``: the scenario cell it was recorded for (its expectation and known gaps), or None
+    when no scenario has it any more: then its recorded expectation stands."""
+    facts = _RecordedCell(rec) if cell is None else cell
+    if not _rejudgeable(rec, facts):
+        return dict(rec)  # it kept none of what it was judged from: the record stands
+    sc = facts.scenario
+    known = {"scenario": sc.name, "cell_id": facts.id, "tier": sc.tier,
+             "backend": getattr(sc, "backend", "te"), "save_topology": facts.save.id,
+             "load_topology": facts.load.id if facts.load else None, "patch": sc.patch,
+             "expected": rec.get("expected") or ""}
+    new = CellRecord(**{**known, **{k: v for k, v in rec.items() if k in CellRecord.__dataclass_fields__
+                                    and k not in _OUTCOME_FIELDS}})
+    new.verify = {}
+    save, load, stopped = stages_from_record(rec, facts)
+    judge_cell(new, facts, save, load, stopped)
+    if cell is None:
+        new.expected = rec.get("expected", new.expected)
+    if rec.get("outcome") == "skipped":  # nothing ran: the recorded reason stands
+        new.reason = rec.get("reason")
+    out = {**rec, **new.as_dict()}
+    if not new.verify and rec.get("verify"):
+        out["verify"] = rec["verify"]  # a failed stage reports no figures: keep what was recorded
+    return out
+
+
+def _rejudgeable(rec: dict, cell) -> bool:
+    """Whether the record kept what its outcome was decided from: a load that ran its verify
+    figures, a failure its failed stage (hand-written or truncated records may keep neither)."""
+    outcome = rec.get("outcome")
+    if outcome in ("skipped", INTERRUPTED, "blocked"):
+        return True
+    if rec.get("failed_stage") == "verify" or (outcome in ("pass", "unexpected-pass") and cell.load):
+        return bool(rec.get("verify"))
+    return outcome in ("pass", "unexpected-pass") or bool(rec.get("failed_stage"))
+
+
+class _RecordedCell:
+    """A recorded cell no scenario holds now: its own record stands in for the scenario."""
+
+    def __init__(self, rec: dict):
+        from harness.topology.topology import Topology
+
+        self.id, self.golden, self._expected = rec["cell_id"], "", rec.get("expected") or "pass"
+        self.save = Topology.parse(rec["save_topology"])
+        self.load = Topology.parse(rec["load_topology"]) if rec.get("load_topology") else None
+        self.scenario = _RecordedScenario(rec)
+
+    def expected_under(self, _behaviour) -> str:
+        return self._expected
+
+
+class _RecordedScenario:
+    def __init__(self, rec: dict):
+        self.name, self.tier, self.patch, self.known_gaps = rec["scenario"], rec["tier"], rec["patch"], ()
+        self.backend = rec.get("backend", "te")

@@ -1,53 +1,110 @@
 """The logits criterion: judges the figures harness/rank/logits.py measured (why these numbers:
-that module's docstring). Pure: dicts in, dicts out, so recorded runs can be judged again."""
+that module's docstring). Pure: dicts in, dicts out, so recorded runs can be judged again.
+
+Two questions, kept apart (issue 25):
+
+- What the checkpoint did (ASSERTED): does the loaded model compute what the saved state
+  computes at the load topology? The loaded model's logits against the same model with the
+  saved state written into it (``logits_at_load_topology``): same topology, same kernels, same
+  reduction order, torch's deterministic algorithms on, so the two passes must be equal.
+  Tolerance 0 on every tier: measured 0.0 on the H200 at 23 MoE layers x 128 experts under
+  deterministic algorithms (docs/runs/20261203-095205-shape-nano) and 0.0 on the cpu tier;
+  a tiny fp tolerance would only be added if a recorded run showed the need.
+- What the topology does (REPORTED, never a checkpoint failure): the same state at the save
+  topology and at the load topology (``cross_topology``, from ``logits_plain``: the loaded
+  model against the checkpoint's logits at the save topology). A different TP/EP split reduces
+  in another order; in bf16 that moves logits, and top-k near-ties turn it into routing flips
+  that cascade through MoE layers (0.137 rel at 4 layers x 64 experts, issue 25). It is judged
+  only against a noise floor measured in the same cell (``noise_floor``): the bf16 rounding of
+  the forward at each topology, i.e. how far each bf16 forward is from the fp32 forward of the
+  same state there. By the triangle inequality the cross-topology difference can exceed that
+  floor only by as much as the two fp32 forwards differ: beyond the floor (plus fp32 rounding)
+  means the two topologies compute different functions, a forward finding of its own
+  (``cross_topology.beyond_noise_floor``), reported, not a checkpoint failure.
+"""
 from __future__ import annotations
 
-# Relative max-abs tolerance of the asserted ``plain`` logits: fp32 on the cpu tier, bf16 on GPUs.
-TOLERANCE = {"cpu": 1e-4, "gpu-shared": 5e-2, "gpu": 5e-2}
-MAX_FLIP_FRACTION = 0.125  # of the batch's tokens (4 of 32): a flip needs a near-tie in router scores
-# What the asserted logits of a load are compared with (a scenario's ``logits_reference``):
-# - "save-topology": the checkpoint's logits at the save topology, so the reshard itself is
-#   checked end to end (bf16 reduction-order noise of the other split, routing flips allowed);
-# - "load-topology": the loaded model against the same model with the saved state written into
-#   it, both at the load topology (same kernels, same reduction order). For deep MoE models,
-#   where near-ties in top-k routing cascade through the layers and attention spreads a flipped
-#   token to the others: at 23 MoE layers x 128 experts (H200, docs/runs/20261203-034324-shape-nano)
-#   15-17 of 32 tokens flipped and even identically routed tokens moved 0.053-0.061 rel with every
-#   tensor and amax bit-exact. The cross-topology figures are still reported.
+# Asserted: loaded model vs the saved state written into a model at the load topology.
+LOAD_TOPOLOGY_TOLERANCE = {"cpu": 0.0, "gpu-shared": 0.0, "gpu": 0.0}
+# fp32 rounding of the whole forward across splits (the cpu tier's measured cross-topology
+# figures are <= 2e-6 relative; 1e-4 was this harness's fp32 tolerance before issue 25).
+FP32_ROUNDING = 1e-4
+# ``logits_reference`` of a scenario: kept so older scenario files read. Since issue 25 every
+# load cell asserts the load-topology figure and reports the cross-topology one, whichever is set.
 LOGITS_REFERENCES = ("save-topology", "load-topology")
+# Keys this module writes into a verify dict; re-judging drops the old ones first.
+JUDGED_KEYS = ("logits_rel_diff", "logits_tolerance", "logits_ok", "routing_flips_allowed",
+               "logits_asserted", "cross_topology")
 
 
 def judge_logits(figures: dict, tier: str) -> dict:
-    """The asserted figures from ``harness.rank.logits.logits_figures``'s measurements (see module docstring).
-
-    Without routing records (older references) or with every token flipped, the whole batch's
-    plain logits are what is asserted.
-    """
+    """The asserted load-topology figure and the reported cross-topology one, from the rank's
+    measurements. A record without a load-topology figure (recorded before issue 25 with the
+    default reference) asserts no logits: the state comparison is its checkpoint evidence."""
+    out: dict = {"cross_topology": cross_topology(figures, tier)}
     at_load = figures.get("logits_at_load_topology")
-    if at_load:  # logits_reference = "load-topology": routing flips across splits not asserted
-        out = {"logits_rel_diff": at_load["plain"]["rel_diff"], "logits_tolerance": TOLERANCE[tier],
-               "logits_asserted": "load-topology"}
+    if at_load and "plain" in at_load:
+        out.update({"logits_asserted": "load-topology", "logits_rel_diff": at_load["plain"]["rel_diff"],
+                    "logits_tolerance": LOAD_TOPOLOGY_TOLERANCE[tier]})
         out["logits_ok"] = not logits_problems({**figures, **out})
-        return out
-    asserted = figures.get("logits_plain_same_routing", figures["logits_plain"])
-    out = {
-        "logits_rel_diff": asserted["rel_diff"],
-        "logits_tolerance": TOLERANCE[tier],
-        "routing_flips_allowed": int(MAX_FLIP_FRACTION * figures.get("routing_tokens", 0)),
-    }
-    out["logits_ok"] = not logits_problems({**figures, **out})
+    else:
+        out["logits_asserted"] = "none: no load-topology figure in this record"
     return out
 
 
+def cross_topology(figures: dict, tier: str) -> dict | None:
+    """Save topology vs load topology, same state: the figure, its noise floor, the finding."""
+    plain = figures.get("logits_plain")
+    if not plain:
+        return None
+    out = {"rel_diff": plain["rel_diff"], "routing_flips": figures.get("routing_flips"),
+           "routing_tokens": figures.get("routing_tokens")}
+    same = figures.get("logits_plain_same_routing")
+    if same:
+        out["same_routing_rel_diff"] = same["rel_diff"]
+    floor = noise_floor(figures, tier)
+    out.update(floor)
+    if floor.get("noise_floor") is not None:
+        out["beyond_noise_floor"] = plain["rel_diff"] > floor["noise_floor"]
+    return out
+
+
+def noise_floor(figures: dict, tier: str) -> dict:
+    """The cross-topology difference that rounding alone can produce in this cell.
+
+    cpu tier: the forward is fp32 already, its floor is fp32 rounding. GPU tiers: the bf16 vs
+    fp32 distance of the same state's forward at the save and at the load topology (rank
+    figures ``noise_floor_figures``) plus fp32 rounding; absent (older records, or the fp32
+    pass failed): no floor, the figure is reported unjudged.
+    """
+    if tier == "cpu":
+        return {"noise_floor": FP32_ROUNDING, "noise_floor_source": "fp32 forward (cpu tier)"}
+    nf = figures.get("noise_floor_figures") or {}
+    if "bf16_vs_fp32_save" not in nf or "bf16_vs_fp32_load" not in nf:
+        why = nf.get("error") or "not measured in this record"
+        return {"noise_floor": None, "noise_floor_source": f"none ({why})"}
+    return {"noise_floor": nf["bf16_vs_fp32_save"] + nf["bf16_vs_fp32_load"] + FP32_ROUNDING,
+            "noise_floor_source": "bf16 vs fp32 forward of the same state at both topologies",
+            "fp32_cross_topology_rel_diff": nf.get("fp32_cross_topology"),
+            "fp32_routing_flips": nf.get("fp32_routing_flips")}
+
+
 def logits_problems(figures: dict) -> list[str]:
-    """Why judged figures fail the logits rule (empty: they pass). Records judged before routing
-    was recorded carry no ``routing_flips_allowed``: only their tolerance applies."""
-    problems = []
-    flips, allowed = figures.get("routing_flips", 0), figures.get("routing_flips_allowed")
-    if allowed is not None and flips > allowed and figures.get("logits_asserted") != "load-topology":
-        problems.append(f"{flips} of {figures['routing_tokens']} tokens routed to other "
-                        f"experts (at most {allowed} allowed)")
+    """Why judged figures fail the asserted logits rule (empty: they pass)."""
+    if figures.get("logits_asserted") != "load-topology":
+        return []
     if figures["logits_rel_diff"] > figures["logits_tolerance"]:
-        problems.append(
-            f"logits differ: rel {figures['logits_rel_diff']:.3g} > {figures['logits_tolerance']}")
-    return problems
+        return [f"logits at the load topology differ from the saved state's there: rel "
+                f"{figures['logits_rel_diff']:.3g} > {figures['logits_tolerance']}"]
+    return []
+
+
+def topology_finding(verify: dict) -> str | None:
+    """One line when the cross-topology difference is beyond its noise floor (a forward
+    finding, not a checkpoint failure), else None."""
+    ct = verify.get("cross_topology") or {}
+    if not ct.get("beyond_noise_floor"):
+        return None
+    return (f"forward differs across topologies beyond rounding: rel {ct['rel_diff']:.3g} > "
+            f"noise floor {ct['noise_floor']:.3g} ({ct['noise_floor_source']}); fp32 cross-"
+            f"topology rel {ct.get('fp32_cross_topology_rel_diff')}")

@@ -76,6 +76,17 @@ class Behaviour:
                 and any(SpecifierSet(alt.strip(), prereleases=True).contains(mcore or REFERENCE_MCORE)
                         for alt in self.mcore.split("||") if alt.strip()))
 
+    def covers_mcore(self, mcore: str) -> bool:
+        """Whether this rule holds for megatron-core ``mcore`` (any nvidia-modelopt it covers)."""
+        return any(SpecifierSet(alt.strip(), prereleases=True).contains(mcore)
+                   for alt in self.mcore.split("||") if alt.strip())
+
+    def covers_modelopt(self, version: str | None) -> bool:
+        try:
+            return SpecifierSet(self.specifier, prereleases=True).contains(version or "")
+        except InvalidVersion:
+            return False
+
     def notice(self, version: str | None, mcore: str | None = None) -> str | None:
         """One line for reports when the pair has no rule of its own."""
         if self.known:
@@ -160,6 +171,8 @@ KNOWN = (
 LAST_BUGGY = "0.47.0"
 DEFAULT_MATRIX = ("0.46.1", "0.47.0", "0.48.0rc1")  # `make matrix` without MODELOPT=
 DEFAULT_MCORE_MATRIX = (REFERENCE_MCORE,)  # `make matrix` without MCORE=
+# One megatron-core release per band whose sources were read (harness/golden/forecast.py pairs).
+READ_MCORE = ("0.15.3", "0.16.1", "0.19.2")
 
 
 UNKNOWN = Behaviour(

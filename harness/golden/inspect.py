@@ -322,10 +322,14 @@ def main(args) -> int:
     except NotACheckpoint as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, DamagedCheckpoint) else 2
+    from harness.golden import forecast
+
+    fcs = forecast.forecast(lay)
     if getattr(args, "json", False):
         import json
 
-        print(json.dumps(lay.as_json(), indent=1))
+        print(json.dumps({**lay.as_json(), "forecast": [f.as_json() for f in fcs]}, indent=1))
     else:
         print(render(lay))
+        print(forecast.render(fcs))
     return 1 if lay.kind in ("mixed", "incomplete") or lay.missing else 0

@@ -137,16 +137,17 @@ def sample_batch(size: ModelSize, seed: int, device) -> dict:
     }
 
 
-def forward(model, batch: dict) -> torch.Tensor | None:
+def forward(model, batch: dict, bf16_autocast: bool = True) -> torch.Tensor | None:
     """Eval forward without grad; on GPU under bf16 autocast, the role Megatron's Float16Module
     plays in training (TE modules refuse fp32 activations next to bf16 parameters).
+    ``bf16_autocast=False``: a model converted to fp32 runs in fp32 (the noise-floor pass).
 
     With pipeline parallelism the batch goes through megatron-core's own schedule (forward
     only): each stage receives its input from the previous one, as in training. Returns the
     logits on the last pipeline stage, None on the others."""
     from megatron.core import parallel_state as ps
 
-    with torch.no_grad(), _autocast():
+    with torch.no_grad(), _autocast(bf16_autocast):
         if ps.get_pipeline_model_parallel_world_size() == 1:
             return model(**batch)
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -166,9 +167,9 @@ def forward(model, batch: dict) -> torch.Tensor | None:
         return out[0] if ps.is_pipeline_last_stage() else None
 
 
-def _autocast():
+def _autocast(on: bool = True):
     import contextlib
 
-    if torch.cuda.is_available():
+    if on and torch.cuda.is_available():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -121,8 +121,61 @@ def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch
     return out if out["plain"] is not None else None
 
 
+@deterministic_algorithms()
+def measure_plain_fp32(model, size: ModelSize, device) -> dict[str, torch.Tensor] | None:
+    """{"plain", "routing"} of the same state in fp32 (the noise floor of harness/check/logits.py),
+    on the rank that owns full logits. Converts the model to fp32 IN PLACE: a stage's last pass.
+    The config's dtypes follow (pipeline sends and TE's checks read them)."""
+    model.float()
+    cfg = model.config
+    cfg.bf16, cfg.params_dtype, cfg.pipeline_dtype = False, torch.float32, torch.float32
+    batch = sample_batch(size, LOGITS_BATCH_SEED, device)
+    from megatron.core import parallel_state as ps
+
+    routing, handles = _record_routing(model)
+    try:
+        with quantizers_bypassed(model):
+            plain = _gather_logits(forward(model, batch, bf16_autocast=False))
+    finally:
+        for h in handles:
+            h.remove()
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        routing = _routing_of_all_stages(routing)
+    return {"plain": plain, "routing": routing} if plain is not None else None
+
+
+def fp32_pass(model, size: ModelSize, device) -> tuple[dict | None, str | None]:
+    """``measure_plain_fp32``, or (None, the error in one line): a noise floor that cannot be
+    measured is reported as such, it never fails the stage. Every rank runs the same code, so an
+    error is raised on every rank alike."""
+    try:
+        return measure_plain_fp32(model, size, device), None
+    except Exception as exc:  # noqa: BLE001 - e.g. a kernel without an fp32 path
+        return None, f"fp32 pass failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def noise_floor_figures(restored: dict, fp32_load: dict, ref: dict, fp32_save: dict) -> dict:
+    """bf16 vs fp32 at each topology and fp32 across them, as max-abs over the scale of the
+    checkpoint's bf16 logits at the save topology (the scale of ``logits_plain``'s rel_diff),
+    so the figures add up against the cross-topology figure."""
+    scale = max(ref["plain"].abs().max().item(), 1e-12)
+
+    def rel(a, b):
+        return (a - b).abs().max().item() / scale
+
+    out = {"bf16_vs_fp32_save": rel(ref["plain"], fp32_save["plain"]),
+           "bf16_vs_fp32_load": rel(restored["plain"], fp32_load["plain"]),
+           "fp32_cross_topology": rel(fp32_load["plain"], fp32_save["plain"])}
+    same = same_routing_tokens(fp32_load.get("routing"), fp32_save.get("routing"),
+                               tuple(fp32_load["plain"].shape[:2]))
+    if same is not None:
+        out["fp32_routing_flips"] = int((~same).sum())
+    return out
+
+
 def save_logits(logits: dict, reference_dir: Path, which: str) -> None:
-    """``which``: "saved_model" (before saving) or "checkpoint" (reloaded at the save topology)."""
+    """``which``: "saved_model" (before saving), "checkpoint" (reloaded at the save topology) or
+    "checkpoint_fp32" (the same state in fp32, the noise floor's reference)."""
     torch.save(logits, reference_dir / f"logits_{which}.pt")
 
 

@@ -31,7 +31,7 @@ def _measures_logits(spec: StageSpec) -> bool:
 
 
 def save_stage(spec: StageSpec) -> dict:
-    from harness.rank.logits import measure_logits, save_logits
+    from harness.rank.logits import fp32_pass, measure_logits, save_logits
     from harness.model.quant import quantize_nvfp4
 
     clock = Clock()
@@ -59,9 +59,22 @@ def save_stage(spec: StageSpec) -> dict:
         logits = measure_logits(model, spec.model_size, spec.tier, device())
         if logits is not None:
             save_logits(logits, ref_dir, "checkpoint")
+        if _measures_noise_floor(spec):  # last: converts the model to fp32 (noise floor reference)
+            fp32, error = fp32_pass(model, spec.model_size, device())
+            if fp32 is not None:
+                save_logits(fp32, ref_dir, "checkpoint_fp32")
+            elif error and rank == 0:
+                (ref_dir / "fp32_error.txt").write_text(error)
         clock.lap("reference_reload")
     return {"durations": clock.durations, "clock_started_at": clock.started_at,
             "memory": peak_memory(), "reference_shards": shards}
+
+
+def _measures_noise_floor(spec: StageSpec) -> bool:
+    """The fp32 pass of the noise floor (harness/check/logits.py): GPU tiers (the cpu tier's
+    forward is fp32 already), pp 1 only: a rank whose fp32 pass raised inside megatron-core's
+    pipeline schedule would leave its peer waiting on a send, and the stage would hang."""
+    return spec.tier != "cpu" and spec.topo.pp == 1
 
 
 def _reload_keeps_state(spec: StageSpec) -> bool:
@@ -76,7 +89,8 @@ def _reload_keeps_state(spec: StageSpec) -> bool:
 
 
 def load_stage(spec: StageSpec) -> dict:
-    from harness.rank.logits import at_load_topology_figures, logits_figures, measure_logits
+    from harness.rank.logits import (at_load_topology_figures, fp32_pass, logits_figures,
+                                     measure_logits, noise_floor_figures)
 
     ckpt = Path(spec.ckpt_dir)
     require_checkpoint(ckpt)
@@ -111,14 +125,28 @@ def load_stage(spec: StageSpec) -> dict:
     elif (ref_dir / "logits_checkpoint.pt").exists():
         logits = measure_logits(model, spec.model_size, spec.tier, device())
         figures = logits_figures(logits, ref_dir) if logits is not None else None
-        if spec.logits_reference == "load-topology":  # last: it overwrites the loaded state
-            written = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(written, compare.restore_from_reference(
-                model.sharded_state_dict(metadata=metadata), reference))
-            restored = measure_logits(model, spec.model_size, spec.tier, device())
+        # The asserted figure (harness/check/logits.py): the saved state written into this
+        # model at the load topology; after the loaded model's pass, as it overwrites its state.
+        written = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(written, compare.restore_from_reference(
+            model.sharded_state_dict(metadata=metadata), reference))
+        restored = measure_logits(model, spec.model_size, spec.tier, device())
+        if figures is not None:
+            figures["logits_at_load_topology"] = at_load_topology_figures(
+                logits, restored, tensors_written=sum(written))
+        if _measures_noise_floor(spec) and (ref_dir / "logits_checkpoint_fp32.pt").exists():
+            fp32, error = fp32_pass(model, spec.model_size, device())  # last: model -> fp32
             if figures is not None:
-                figures["logits_at_load_topology"] = at_load_topology_figures(
-                    logits, restored, tensors_written=sum(written))
+                figures["noise_floor_figures"] = (
+                    noise_floor_figures(restored, fp32, torch.load(ref_dir / "logits_checkpoint.pt"),
+                                        torch.load(ref_dir / "logits_checkpoint_fp32.pt"))
+                    if fp32 is not None else {"error": error or "fp32 logits not on this rank"})
+        elif spec.tier != "cpu" and figures is not None:
+            err = ref_dir / "fp32_error.txt"
+            figures["noise_floor_figures"] = {"error": (
+                "not measured at pp > 1" if not _measures_noise_floor(spec)
+                else err.read_text() if err.exists()
+                else "no fp32 reference from the save (a save at pp > 1 measures none)")}
         # The logits live on one rank (tp 0, dp 0 of the last pipeline stage); rank 0 reports.
         gathered = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, figures)

@@ -6,6 +6,10 @@ run's own id inside a verify figure (a warning naming the checkpoint copied into
 directory) is read as ``<run>``.
 
     python -m harness equivalence REFERENCE/results.json CANDIDATE/results.json
+
+``--rejudge RUN.results.json ...``: a recorded run against itself judged again under today's
+rules (harness/check/judge.py ``rejudge_record``): one line per cell whose outcome changes, with
+the reason (issue 25: a rule change lists what it changes).
 """
 from __future__ import annotations
 
@@ -45,7 +49,53 @@ def differences(reference: dict, candidate: dict) -> list[str]:
     return out
 
 
+def rejudged_doc(doc: dict, cells: dict | None = None) -> dict:
+    """``doc`` with every cell judged again; ``cells``: cell id -> scenario Cell (default: the
+    committed scenarios'), a cell no scenario holds keeps its recorded expectation."""
+    from harness.check.judge import rejudge_record
+    from harness.report.verdict import doc_records
+
+    if cells is None:
+        from harness.scenario.scenarios import load_all
+
+        cells = {c.id: c for s in load_all() for c in s.cells()}
+    records = doc_records(doc)
+    return {**doc, "cells": [rejudge_record(dict(r), cells.get(cid)) for cid, r in records.items()]}
+
+
+def outcome_changes(doc: dict, cells: dict | None = None) -> list[tuple[str, str, str, str]]:
+    """(cell id, recorded outcome, re-judged outcome, why) for each cell whose outcome changes."""
+    from harness.report.verdict import change_reason
+
+    new = {c["cell_id"]: c for c in rejudged_doc(doc, cells)["cells"]}
+    return [(c["cell_id"], c["outcome"], new[c["cell_id"]]["outcome"],
+             change_reason(c, new[c["cell_id"]]))
+            for c in doc.get("cells", []) if new[c["cell_id"]]["outcome"] != c["outcome"]]
+
+
+def rejudge_main(paths: list[str]) -> int:
+    """Print every outcome change of the recorded runs; 1 when a bad file, else 0."""
+    rc = 0
+    for p in paths:
+        try:
+            doc = read_results(Path(p))
+        except ResultsFileError as exc:
+            print(f"error: {exc}")
+            rc = 2
+            continue
+        changes = outcome_changes(doc)
+        print(f"{p}: {len(doc.get('cells', []))} cells, {len(changes)} outcome change(s)")
+        for cid, old, new, why in changes:
+            print(f"  {cid}: {old} -> {new}: {why}")
+    return rc
+
+
 def main(args) -> int:
+    if getattr(args, "rejudge", None):
+        return rejudge_main(args.rejudge)
+    if not (args.reference and args.candidate):
+        print("error: equivalence needs REFERENCE and CANDIDATE results.json, or --rejudge RUN ...")
+        return 2
     try:
         ref, got = (read_results(Path(p)) for p in (args.reference, args.candidate))
     except ResultsFileError as exc:

@@ -126,7 +126,35 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
             )
             + " |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _topology_lines(order)) + "\n"
+
+
+def _topology_lines(cells: list[Record]) -> list[str]:
+    """The load cells' logits figures (harness/check/logits.py): asserted at the load topology,
+    reported across topologies against their noise floor, and any forward finding."""
+    rows = [(r, (r.get("verify") or {}).get("cross_topology")) for r in cells]
+    rows = [(r, ct) for r, ct in rows if ct]
+    if not rows:
+        return []
+
+    def num(x):
+        return "-" if x is None else f"{x:.3g}"
+
+    out = ["", "Logits: asserted at the load topology (exact); across topologies reported against "
+           "the noise floor (bf16 vs fp32 of the same state at both topologies).", "",
+           "| cell | at load topology | cross-topology | flips | noise floor | fp32 cross | beyond |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r, ct in rows:
+        v = r["verify"]
+        out.append(f"| {_md(r.get('cell_id', ''))} | {num(v.get('logits_rel_diff'))} | "
+                   f"{num(ct.get('rel_diff'))} | {ct.get('routing_flips', '-')} | "
+                   f"{num(ct.get('noise_floor'))} | {num(ct.get('fp32_cross_topology_rel_diff'))} | "
+                   f"{ct.get('beyond_noise_floor', '-')} |")
+    findings = [r for r in cells if r.get("finding")]
+    if findings:
+        out += ["", f"Findings (the product, not the checkpoint): {len(findings)}", ""]
+        out += [f"- {_md(r['cell_id'])}: {_md(r['finding'])}" for r in findings]
+    return out
 
 
 def _panels(cells: Iterable[Record]) -> dict[tuple[str, str], list[Record]]:

@@ -15,8 +15,8 @@ save -> load cell). Per job and per modelopt version the verdict is one of:
 - ``UNEXPECTED FAILURE``: an evidence cell failed in a way the grid did not predict; the only
   verdict that makes ``main`` exit non-zero.
 
-A recorded cell that failed only an older logits criterion is judged again under today's
-(``rejudged``: the note says so), so evidence recorded before a criterion change still counts.
+Every recorded cell is judged again by the one judge under today's rules (``rejudged``; the
+note says so where the outcome changes), so evidence recorded before a rule change still counts.
 
 Evidence comes from results.json files (``--results``, judged one by one and, where several
 share a modelopt version, together), or, with none given, from running the cells now.
@@ -142,24 +142,41 @@ def _note(cell: Cell, rec: Mapping[str, Any] | None) -> str:
 
 
 def rejudged(cell: Cell, rec: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, str]:
-    """``rec`` judged again under today's logits rule, and a note saying so when that changes it.
+    """``rec`` judged again by the one judge (harness/check/judge.py ``rejudge_record``) under
+    today's rules, and a note saying so when that changes its outcome."""
+    from harness.check.judge import rejudge_record
 
-    Only a cell expected to pass that failed nothing but its logits check can change: its
-    recorded figures (routing flips, identically routed tokens) are judged by
-    ``harness.check.judge.judged_verify``; every other check is re-applied as recorded.
-    """
-    from harness.check.judge import judged_verify, verify_problems
+    if not rec or rec.get("outcome") in ("skipped", INTERRUPTED):
+        return rec, ""
+    new = rejudge_record(dict(rec), cell)
+    if new["outcome"] == rec.get("outcome"):
+        return new, ""
+    return new, f"recorded as {rec.get('outcome')}; re-judged {new['outcome']} under the current rules: {change_reason(rec, new)}"
 
-    if (not rec or rec.get("outcome") != "unexpected-failure" or rec.get("failed_stage") != "verify"
-            or expected_for(cell, rec) != "pass" or "logits_plain" not in (rec.get("verify") or {})):
-        return rec, ""
-    verify = judged_verify(rec["verify"], rec["tier"])
-    if verify_problems(verify, cell.scenario.known_gaps):
-        return rec, ""
-    return {**rec, "outcome": "pass", "verify": verify}, (
-        f"recorded as unexpected-failure (logits); re-judged pass under the current logits rule: "
-        f"{verify.get('routing_flips', 0)} routing flip(s), identically routed tokens rel "
-        f"{verify['logits_rel_diff']:.3g}")
+
+def change_reason(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """Why re-judging changed a record's outcome, in one line."""
+    from harness.check.logits import topology_finding
+
+    v = new.get("verify") or {}
+    ct = v.get("cross_topology") or {}
+    parts = []
+    if old.get("failed_stage") == "verify" and "logits" in (old.get("message") or ""):
+        flips = f", {ct['routing_flips']} routing flip(s)" if ct.get("routing_flips") is not None else ""
+        parts.append(f"its failure ({old['message']}{flips}) compared the save topology's logits "
+                     "with the load topology's: that is the cross-topology figure, now reported, "
+                     f"not asserted, and the state was bit-exact ({v.get('mismatch_count', 0)} "
+                     "mismatches)")
+        parts.append(f"logits asserted: {v.get('logits_asserted') or 'none (no logits figures in this record)'}"
+                     + (f" rel {v['logits_rel_diff']:.3g}" if "logits_rel_diff" in v else ""))
+    if new.get("expected") != old.get("expected"):
+        parts.append(f"expectation {old.get('expected')} -> {new.get('expected')}")
+    if new.get("message") and new.get("message") != old.get("message"):
+        parts.append(new["message"])
+    finding = topology_finding(v)
+    if finding:
+        parts.append(finding)
+    return "; ".join(parts) or "the rules changed"
 
 
 def judge(job: Job, witness: list[Cell], fix: list[Cell],
@@ -254,6 +271,14 @@ def existing_checkpoints(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return (["    existing checkpoints (tests/golden, loaded unpatched):"] + lines) if lines else []
 
 
+def checkpoint_advice(modelopt_version: str) -> list[str]:
+    """Per kind of existing checkpoint, what this release does with it and the command
+    (harness/golden/forecast.py: the rules of harness/check/versions.py)."""
+    from harness.golden.forecast import advice
+
+    return advice(None if modelopt_version == "unknown" else modelopt_version)
+
+
 def _versions(doc: Mapping[str, Any]) -> str:
     v = doc.get("versions") or {}
     keys = ("torch", "megatron-core", "transformer-engine", "gpu")
@@ -298,7 +323,8 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
         out.append("\n".join([format_verdicts(
             f"== {_pair(doc)}: {label} (run {doc.get('run_id', '?')}, "
             f"tier {doc.get('tier', '?')}; {_versions(doc)})", vds),
-            *_incomplete([doc]), *existing_checkpoints(doc_records(doc))]))
+            *_incomplete([doc]), *existing_checkpoints(doc_records(doc)),
+            *checkpoint_advice(_modelopt(doc))]))
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for _, doc in docs:
         groups.setdefault(_pair(doc), []).append(doc)

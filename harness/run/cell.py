@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.check import judge
-from harness.check.versions import behaviour_for, installed_modelopt
+from harness.check.versions import installed_modelopt
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.pool import POOLS, PoolKey, stage_mode
 from harness.launch.torchrun import run_stage, shutdown_signal
@@ -91,7 +91,7 @@ def prepare_golden(name: str, save_dir: Path, golden_root: Path = GOLDEN_DIR) ->
 
 def _runtime_layout() -> str:
     """The quantizer layout of the modelopt the load ranks import (this interpreter's)."""
-    return behaviour_for(installed_modelopt()).layout  # the installed pair's
+    return judge.rules_for(installed_modelopt()).layout  # the installed pair's
 
 
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
@@ -129,32 +129,20 @@ def new_record(cell: Cell) -> CellRecord:
 
 
 def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
+    """Run what the cell needs (nothing when stopped or when the installed modelopt cannot run
+    it), note the stages' durations, then judge it once (harness/check/judge.py judge_cell)."""
     rec = new_record(cell)
-    if shutdown_signal():
-        judge.interrupted(rec, None, shutdown_signal())
-        return _finish(rec, cell, run_dir)
-    skip = judge.version_skip_reason(cell, behaviour_for(rec.modelopt), rec.modelopt)
-    if skip:
-        rec.outcome, rec.reason = "skipped", skip
-        return _finish(rec, cell, run_dir)
-    save = run_save(cell, run_dir)
-    judge.under_version(rec, cell, save)
-    _note_stage(rec, "save", save)
-    if save.interrupted:
-        judge.interrupted(rec, save, save.interrupted)
-    elif cell.load is None:
-        judge.save_only(rec, save)
-    elif not save.ok:
-        judge.blocked(rec, save, cell.save.id)
-    else:
-        load_dir = run_dir / "cells" / safe_name(cell.id) / "load"
-        load = _launch(_spec(cell, "load", cell.load, save_dir_of(cell, run_dir)), load_dir, cell)
-        judge.under_version(rec, cell, load)
-        _note_stage(rec, "load", load)
-        if load.interrupted:
-            judge.interrupted(rec, load, load.interrupted)
-        else:
-            judge.load(rec, load, cell.scenario.known_gaps)
+    save = load = None
+    stopped = shutdown_signal()
+    if not stopped and not judge.version_skip_reason(cell, judge.rules_for(rec.modelopt, rec.mcore),
+                                                  rec.modelopt):
+        save = run_save(cell, run_dir)
+        _note_stage(rec, "save", save)
+        if cell.load is not None and save.ok and not save.interrupted:
+            load_dir = run_dir / "cells" / safe_name(cell.id) / "load"
+            load = _launch(_spec(cell, "load", cell.load, save_dir_of(cell, run_dir)), load_dir, cell)
+            _note_stage(rec, "load", load)
+    judge.judge_cell(rec, cell, save, load, stopped)
     return _finish(rec, cell, run_dir)
 
 
@@ -182,6 +170,5 @@ def _note_stage(rec: CellRecord, which: str, stage: StageResult) -> None:
 
 
 def _finish(rec: CellRecord, cell: Cell, run_dir: Path) -> CellRecord:
-    judge.settle_unknown(rec)
     write_record(rec, run_dir / "cells" / safe_name(cell.id) / "record.json")
     return rec

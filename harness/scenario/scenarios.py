@@ -103,11 +103,18 @@ class Cell:
 
     @property
     def save_id(self) -> str:
-        """Cells that share a save (same scenario settings and topology) share one checkpoint."""
+        """Cells that share a save (same scenario settings, model size and topology) share one
+        checkpoint; a model size other than the backend's default is part of the id, so two
+        scenarios of different sizes in one run never share a save directory."""
         s = self.scenario
         if self.golden:
             return f"golden-{self.golden}"
-        return f"{s.tier}-{s.backend}-{s.patch}-{self.save.id}"
+        base = f"{s.tier}-{s.backend}-{s.patch}-{self.save.id}"
+        if s.size == (CPU_SIZE if s.backend == "local" else GPU_SIZE):
+            return base
+        import hashlib
+
+        return f"{base}-m{hashlib.sha256(repr(s.size).encode()).hexdigest()[:8]}"
 
     @property
     def expected(self) -> str:

@@ -21,9 +21,18 @@
 #              without the packages in TRIM
 #   equivalence  EQ_SCENARIOS (default gpu-witness; a,b for several) fresh, then with --stage-mode pool, compared
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
+#   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
+#              cross: gpu-cross-topology (4 layers, 64 experts) and its 8-expert twin under
+#              0.48.0rc1 unpatched, with the noise-floor figures; <version>-<patch>: SAMPLE_CELLS
+#              (50) cells of `harness sample --seed SAMPLE_SEED` (25), SAMPLE_LOADS_PER_SAVE (5)
+#              loads per save, --jobs SAMPLE_JOBS (4); each part bounded by SAMPLE_PART_TIMEOUT_S
+#              (280; SIGTERM: the run writes its results marked incomplete). Carry .whl-048.
 #   repro-compare  make repro of an older checkout (OLD_TREE, default .gpu/old: `git archive <commit>`
 #              unpacked there, carried), of this one, and of this one with HARNESS_RANK_TRIM=$TRIM,
 #              each timed (harness clock and wall), the same outcomes checked (bench/repro_compare.py)
+#   repair     issue 26: repair re-run here on the 0.46.1 and novalidate goldens; the committed
+#              repaired goldens loaded by UNPATCHED 0.48.0rc1 (carry .whl-048) at 3 topologies (gpu-golden-repaired),
+#              and each one's logits vs a model calibrated fresh (tools/gpu-host/repair_logits.py)
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: run.sh <mode> (the modes are listed at the top of tools/gpu-host/run.sh)" >&2; exit 2; }
 source /root/gw/base/env.sh
@@ -53,6 +62,26 @@ case "$1" in
     # the newest pair (run directories start with their time; a queue may run this mode twice)
     python3 -m harness equivalence "$(ls -d $R/*-eq-fresh | tail -1)/results.json" \
       "$(ls -d $R/*-eq-pool | tail -1)/results.json" ;;
+  sample)
+    PY048=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
+    T=${SAMPLE_PART_TIMEOUT_S:-280}
+    for part in $(echo "${SAMPLE_PARTS:-cross,0.48.0rc1,0.47.0-fix,0.47.0-none}" | tr , ' '); do
+      [ "$part" = 0.48.0rc1 ] && part=0.48.0rc1-none
+      start=$(date +%s)
+      case "$part" in
+        cross)
+          timeout -s TERM $T $PY048 -m harness --results-root $R run --label cross-topology-0.48.0rc1 \
+            --jobs 4 --scenario gpu-cross-topology --scenario gpu-cross-topology-8 > "$OUT/sample-$part.log" 2>&1 ;;
+        0.48.0rc1-none|0.47.0-fix|0.47.0-none)
+          py=python3; [ "${part%-*}" = 0.48.0rc1 ] && py=$PY048
+          timeout -s TERM $T $py -m harness --results-root $R sample --seed ${SAMPLE_SEED:-25} \
+            --cells ${SAMPLE_CELLS:-50} --loads-per-save ${SAMPLE_LOADS_PER_SAVE:-5} \
+            --jobs ${SAMPLE_JOBS:-4} --patch ${part##*-} --label sample-$part > "$OUT/sample-$part.log" 2>&1 ;;
+        *) echo "run.sh sample: unknown part '$part' (cross, 0.48.0rc1, 0.47.0-fix, 0.47.0-none)" >&2
+           continue ;;
+      esac
+      echo "$part: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$OUT/sample-$part.log"
+    done ;;
   repro-modes)
     for m in fresh pool; do
       start=$(date +%s)
@@ -157,6 +186,20 @@ PY
     echo "repro wall: $(( $(date +%s) - start )) s (imports included)"
     ck=$(ls -d $R/*repro-gpu/saves/gpu-shared-te-none-tp1-etp1-ep8-pp1/ckpt | head -1)
     [ -n "$ck" ] && tar czf "$OUT/golden-0.47.0-tp1-etp1-ep8.tgz" -C "$(dirname "$ck")" ckpt ;;
+  repair)
+    PYV=$(MATRIX_ENV_MODE=system MATRIX_WHEEL_DIR=.whl-048 bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
+    for g in modelopt-0.46.1-tp1-etp1-ep8 modelopt-0.47.0-tp2-etp1-ep2-novalidate; do
+      # repair runs on this host too (log + inspect come back; tests/test_repair.py checks the
+      # committed repaired goldens equal what repair writes, tensor for tensor)
+      mkdir -p "$R/again-$g"
+      timeout 300 python3 -m harness repair tests/golden/$g/ckpt "$R/again-$g/ckpt" > "$OUT/repair-$g.log" 2>&1
+      echo "repair $g: rc $?"
+      timeout 120 python3 -m harness inspect --json "$R/again-$g/ckpt" > "$R/again-$g/inspect.json"
+      timeout 300 $PYV -m torch.distributed.run --nproc-per-node 1 tools/gpu-host/repair_logits.py \
+        "tests/golden/$g-repaired" "$OUT/logits-$g-repaired.json" > "$R/logits-$g.log" 2>&1
+      echo "logits $g-repaired: rc $?"; tail -n 30 "$R/logits-$g.log"
+    done
+    $PYV -m harness --results-root $R run --label repaired --jobs 3 --scenario gpu-golden-repaired ;;
   *) echo "run.sh: unknown mode '${1:-}' (the modes are listed at the top of tools/gpu-host/run.sh)" >&2
      exit 2 ;;
 esac

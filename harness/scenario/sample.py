@@ -1,0 +1,133 @@
+"""Randomized cells off the committed grid (issue 25): ``python -m harness sample --seed S --cells N``.
+
+Each draw is a save topology, a load topology and a model size (layers, experts, top-k) that
+the committed scenarios do not have, valid for that size (harness/topology/topology.py),
+within a rank budget. Every draw becomes an ordinary Scenario (a save-only cell and the save ->
+load cell) with ``expect = "oracle"``: its expectation comes from the rules of the modelopt
+that runs it, so every sampled cell checks rule agreement. The same seed gives the same cells.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+from harness.model.gpt import CPU_SIZE, GPU_SIZE, ModelSize
+from harness.scenario.scenarios import Scenario, load_all
+from harness.topology.topology import Topology, enumerate_topologies
+
+LAYERS = (1, 2, 3, 4)
+EXPERTS = (8, 16, 32, 64, 128)
+# Top-1 is left out: megatron-core 0.19.2 refuses softmax top-1 routing without
+# moe_router_pre_softmax (megatron/core/transformer/transformer_config.py:2329-2336), which the
+# model under test does not set.
+TOPK = (2, 4, 6, 8)
+MAX_ETP, MAX_PP = 4, 2
+DEFAULT_RANKS = 8  # gloo ranks sharing one H200 (tier gpu-shared)
+
+
+@dataclass(frozen=True)
+class Draw:
+    save: Topology
+    load: Topology
+    size: ModelSize
+
+    @property
+    def key(self) -> tuple:
+        return (self.save.id, self.load.id, self.size)
+
+
+def committed_cells() -> set[tuple]:
+    """(save id, load id, size) of every committed scenario's load cell."""
+    return {(c.save.id, c.load.id, c.scenario.size) for s in load_all() for c in s.cells()
+            if c.load is not None and not c.golden}
+
+
+def _sizes(tier: str) -> ModelSize:
+    return CPU_SIZE if tier == "cpu" else GPU_SIZE
+
+
+def draw_cells(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str = "gpu-shared",
+               exclude: set[tuple] | None = None, loads_per_save: int = 1) -> list[Draw]:
+    """``count`` distinct draws, none in ``exclude`` (default: the committed grid's cells).
+
+    Each drawn (save topology, model size) gets up to ``loads_per_save`` distinct loads: cells
+    sharing a save share its stage, as in the committed grids (fewer stages per cell on the GPU).
+    A save at pp > 1 calibrates through megatron-core's pipeline schedule (CUDA only), so on the
+    cpu tier every topology is pp 1 (a load at pp > 1 measures no logits there either)."""
+    if count < 0 or loads_per_save < 1 or max_ranks < 1:
+        raise ValueError("cells must be >= 0, loads per save and ranks >= 1")
+    rng = random.Random(seed)
+    exclude = committed_cells() if exclude is None else exclude
+    base = _sizes(tier)
+    max_pp = 1 if tier == "cpu" else MAX_PP
+    out, seen, tries = [], set(exclude), 0
+    while len(out) < count:
+        tries += 1
+        if tries > 1000 * max(count, 1):
+            raise ValueError(f"cannot draw {count} distinct cells within {max_ranks} ranks "
+                             f"(got {len(out)})")
+        experts = rng.choice(EXPERTS)
+        size = replace(base, num_layers=rng.choice(LAYERS), num_experts=experts,
+                       moe_router_topk=rng.choice([k for k in TOPK if k <= experts]))
+        topos = _topologies(max_ranks, max_pp, size, tier == "cpu")
+        save = rng.choice(topos)
+        for load in rng.sample(topos, min(len(topos), loads_per_save + 1)):
+            d = Draw(save, load, size)
+            if load == save or d.key in seen or len(out) >= count or _drawn_loads(out, d) >= loads_per_save:
+                continue
+            seen.add(d.key)
+            out.append(d)
+    return out
+
+
+def _drawn_loads(drawn: list[Draw], d: Draw) -> int:
+    return sum(1 for x in drawn if x.save == d.save and x.size == d.size)
+
+
+def _topologies(max_ranks: int, max_pp: int, size: ModelSize, local_backend: bool) -> list[Topology]:
+    """Every implicit-world topology (no explicit -w) within the budget, ETP <= 4, PP <= max_pp.
+    Sorted, so that a seed draws the same cells whatever the enumeration order. The local
+    backend (cpu tier) keeps TP = ETP = 1 as the committed cpu grid does (scenarios/cpu_reshard.toml):
+    ModelOpt 0.47.0's QuantSequentialMLP refuses TP > 1 with EP > 1
+    (modelopt/torch/quantization/plugins/megatron.py:736-741), and the version rules
+    (harness/check/versions.py) describe TEGroupedMLP, not SequentialMLP."""
+    found = {Topology(t.tp, t.etp, t.ep, t.pp) for t in enumerate_topologies(max_ranks, size)
+             if t.etp <= MAX_ETP and t.pp <= max_pp
+             and t.world_size == Topology(t.tp, t.etp, t.ep, t.pp).world_size}
+    return sorted(t for t in found if t.world_size <= max_ranks and not t.problems(size)
+                  and not (local_backend and (t.tp > 1 or t.etp > 1)))
+
+
+def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str = "gpu-shared",
+                     patch: str = "none", exclude: set[tuple] | None = None,
+                     loads_per_save: int = 1) -> list[Scenario]:
+    """One ordinary scenario per drawn (save, model size), named ``sample-s<seed>-<i>``, with its
+    save-only cell and its loads (each scenario has its own model size, so its own save)."""
+    backend = "local" if tier == "cpu" else "te"
+    gaps = known_gaps_of(backend)
+    groups: dict[tuple, list[Draw]] = {}
+    for d in draw_cells(seed, count, max_ranks, tier, exclude, loads_per_save):
+        groups.setdefault((d.save, d.size), []).append(d)
+    out = []
+    for i, ((save, s), draws) in enumerate(groups.items()):
+        out.append(Scenario(
+            name=f"sample-s{seed}-{i:03d}",
+            description=(f"sampled (seed {seed}): {s.num_layers} layers, {s.num_experts} experts, "
+                         f"top-{s.moe_router_topk}; save {save.id}"),
+            tier=tier, backend=backend, patch=patch, expect="oracle", size=s,
+            saves=(save,), loads=tuple(d.load for d in draws), logits_reference="load-topology",
+            known_gaps=gaps,
+            stage_timeout_s=300.0, source=f"harness sample --seed {seed}"))
+    return out
+
+
+def known_gaps_of(backend: str) -> tuple:
+    """The known gaps the committed scenarios of ``backend`` declare (one place: their files)."""
+    return tuple(dict.fromkeys(g for s in load_all() if s.backend == backend for g in s.known_gaps))
+
+
+def describe(scenarios: list[Scenario]) -> str:
+    """One line per sampled load cell (``--list``)."""
+    return "\n".join(f"{s.name}: save {s.saves[0].id} -> load {l.id}; layers {s.size.num_layers}, "
+                     f"experts {s.size.num_experts}, top-{s.size.moe_router_topk}"
+                     for s in scenarios for l in s.loads)
