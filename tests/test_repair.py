@@ -231,8 +231,10 @@ def test_dry_run_writes_nothing(goldens, tmp_path, capsys):
 
 @pytest.mark.cpu
 def test_forecast_per_pair_from_the_version_rules(goldens):
-    got = {n: {f.modelopt: f for f in forecast.forecast(inspect_checkpoint(goldens[n] / "ckpt"))}
-           for n in (A, B, C)}
+    every = {n: {(f.modelopt, f.megatron_core): f
+                 for f in forecast.forecast(inspect_checkpoint(goldens[n] / "ckpt"))}
+             for n in (A, B, C)}
+    got = {n: {mo: f for (mo, mc), f in fs.items() if mc == "0.19.2"} for n, fs in every.items()}
     assert got[A]["0.48.0rc1"].outcome == forecast.LOADS_ABSENT and got[A]["0.48.0rc1"].absent == 32
     assert got[A]["0.46.x"].outcome == forecast.LOADS_COMPLETE
     assert got[B]["0.48.0rc1"].outcome == forecast.LOADS_COMPLETE
@@ -240,6 +242,13 @@ def test_forecast_per_pair_from_the_version_rules(goldens):
     assert "CheckpointException" in got[C]["0.48.0rc1"].line
     assert got[C]["0.47.0"].outcome == forecast.DEPENDS
     assert all(f.megatron_core == "0.19.2" for fs in got.values() for f in fs.values())
+    # the other megatron-core bands (harness/check/versions.py): 0.48.0rc1 on 0.15 cannot build
+    # any checkpoint request; 0.47.0 on 0.15 is refused on the shared input amax at TP > ETP
+    assert every[B][("0.48.0rc1", "0.15.3")].outcome == forecast.REFUSED
+    assert "TypeError" in every[B][("0.48.0rc1", "0.15.3")].line
+    assert every[B][("0.48.0rc1", "0.16.1")].outcome == forecast.LOADS_COMPLETE
+    assert "input_quantizer" in every[B][("0.47.0", "0.15.3")].line
+    assert ("0.46.x", "0.15.3") not in every[A]  # no rule for that pair
 
 
 @pytest.mark.cpu
@@ -248,7 +257,8 @@ def test_inspect_json_carries_the_forecast(goldens, capsys):
 
     assert main(SimpleNamespace(ckpt=str(goldens[C] / "ckpt"), json=True)) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert {f["modelopt"]: f["outcome"] for f in doc["forecast"]}["0.48.0rc1"] == "refused"
+    assert {f["modelopt"]: f["outcome"] for f in doc["forecast"]
+            if f["megatron_core"] == "0.19.2"}["0.48.0rc1"] == "refused"
 
 
 @pytest.mark.cpu
@@ -265,7 +275,7 @@ def test_a_non_harness_checkpoint_is_inspected_and_repaired_by_pattern(tmp_path,
     assert sum(len(li.present) for li in fixed.linears) == 3 * 2 * 6
     want = 36 if layout == synthetic.SHARED else 18
     assert len(plan.derived) == want
-    fc = {f.modelopt: f.outcome for f in forecast.forecast(fixed)}
+    fc = {f.modelopt: f.outcome for f in forecast.forecast(fixed) if f.megatron_core == "0.19.2"}
     assert fc["0.48.0rc1"] == forecast.LOADS_COMPLETE
     if layout == synthetic.SHARED:
         raw = repair.Source(tmp_path / "dst").raw_objects(plan.rewritten_objects[:1])
@@ -313,7 +323,11 @@ def test_verdict_advice_names_the_command_per_release():
     from harness.golden.forecast import advice
 
     on_048 = "\n".join(advice("0.48.0rc1"))
-    assert on_048.count("python -m harness repair") == 2  # the 0.46.x and the novalidate kinds
+    # the 0.46.x and the novalidate kinds, on megatron-core 0.16.1 and 0.19.2; on 0.15.3
+    # 0.48.0rc1 refuses every load (TypeError): move megatron-core first
+    assert on_048.count("python -m harness repair") == 4
+    assert on_048.count("move to megatron-core >= 0.16") == 3
     assert "TP == ETP + megatron-core 0.19.2: loads complete (32 expert amax restored) -> nothing to do" in on_048
     on_047 = "\n".join(advice("0.47.0"))
-    assert "python -m harness repair" not in on_047 and on_047.count("harness.fix") == 3
+    assert "python -m harness repair" not in on_047 and on_047.count("harness.fix") == 6
+    assert on_047.count("+ megatron-core 0.15.3") == 3  # harness.fix refuses there

@@ -75,8 +75,8 @@ def per_modelopt_rules():
 
 def pairs():
     """[(rule label, megatron-core, Behaviour)] for every pair versions.py has a rule for."""
-    return [(b.label, mc, b) for b in versions.KNOWN for mc in versions.READ_MCORE
-            if b.covers_mcore(mc)]
+    return [(b.label.split(" + ")[0], mc, b) for b in versions.KNOWN for mc in versions.READ_MCORE
+            if b.covers_mcore(mc)]  # the modelopt part of the label: the pair names mc itself
 
 
 REPAIR = "python -m harness repair OLD_CKPT NEW_CKPT, then load NEW_CKPT"

@@ -113,13 +113,21 @@ class Verdict:
 def expected_for(cell: Cell, rec: Mapping[str, Any]) -> str:
     """The cell's expectation under the (modelopt, megatron-core) pair that produced ``rec``;
     records from before pairs were recorded ran on the reference megatron-core."""
-    from harness.check.versions import REFERENCE_MCORE, rules_for
+    from harness.check.versions import rules_for
 
-    # A record that names no modelopt predates per-cell versions (2026-12-02): every such run
-    # had the then-pinned pair, 0.47.0 + 0.19.2 (their results.json "versions" say so).
-    # A record that names an unknown one stays unknown.
-    modelopt = rec.get("modelopt") or "0.47.0"
-    return cell.expected_under(rules_for(modelopt, rec.get("mcore") or REFERENCE_MCORE))
+    rec = with_pair(rec)
+    return cell.expected_under(rules_for(rec["modelopt"], rec["mcore"]))
+
+
+def with_pair(rec: Mapping[str, Any]) -> dict:
+    """``rec`` naming its (modelopt, megatron-core) pair. A record that names no modelopt
+    predates per-cell versions (2026-12-02): every such run had the then-pinned pair, 0.47.0 +
+    0.19.2 (their results.json "versions" say so); one without megatron-core predates pairs
+    (all on 0.19.2). A record that names an unknown version stays unknown."""
+    from harness.check.versions import REFERENCE_MCORE
+
+    return {**rec, "modelopt": rec.get("modelopt") or "0.47.0",
+            "mcore": rec.get("mcore") or REFERENCE_MCORE}
 
 
 def pair_of(rec: Mapping[str, Any]) -> str:
@@ -148,7 +156,7 @@ def rejudged(cell: Cell, rec: Mapping[str, Any] | None) -> tuple[Mapping[str, An
 
     if not rec or rec.get("outcome") in ("skipped", INTERRUPTED):
         return rec, ""
-    new = rejudge_record(dict(rec), cell)
+    new = rejudge_record(with_pair(rec), cell)
     if new["outcome"] == rec.get("outcome"):
         return new, ""
     return new, f"recorded as {rec.get('outcome')}; re-judged {new['outcome']} under the current rules: {change_reason(rec, new)}"
