@@ -247,7 +247,8 @@ def _job_doc(job_id: str, run_id: str, created: str, fix_outcomes: list[str], **
     cells += [{"cell_id": c.id, "tier": c.scenario.tier, "expected": "pass", "outcome": o}
               for c, o in zip(fix, fix_outcomes)]
     return {"run_id": run_id, "created": created, "tier": "gpu-shared",
-            "versions": {"nvidia-modelopt": "9.9.9"}, "cells": cells, **kw}
+            "versions": {"nvidia-modelopt": "0.47.0", "megatron-core": "0.19.2"},  # a pair with a rule
+            "cells": cells, **kw}
 
 
 def test_an_interrupted_cell_counts_as_missing_evidence(tmp_path, capsys):

@@ -63,7 +63,7 @@ def test_render_table_one_row_per_version():
     rows = {"0.46.1": {"import": M.TableEntry({"pass": 1}, ["cpu"])},
             "0.47.0": {"import": M.TableEntry(note="no env: timed out")}}
     lines = M.render_table(rows).splitlines()
-    assert lines[0] == ("| modelopt | import | witness | second-bug | fix | goldens | cpu-reshard "
+    assert lines[0] == ("| modelopt + megatron-core | import | witness | second-bug | fix | goldens | cpu-reshard "
                         "| oracle |")
     assert lines[2] == "| 0.46.1 | 1 pass [cpu] | - | - | - | - | - | - |"
     assert lines[3].startswith("| 0.47.0 | no env: timed out | -")
