@@ -34,11 +34,11 @@ def judge_cell(rec: CellRecord, cell, save: StageResult | None, load: StageResul
     for stage in (save, load):
         if stage is not None:
             under_version(rec, cell, stage)
-    if save is None:
+    skip = version_skip_reason(cell, rules_for(rec.modelopt, rec.mcore), rec.modelopt, rec.mcore)
+    if save is None or (skip and not stopped):
         if stopped:
             interrupted(rec, None, stopped)
         else:
-            skip = version_skip_reason(cell, rules_for(rec.modelopt, rec.mcore), rec.modelopt)
             rec.outcome, rec.reason = "skipped", skip or "not run"
     elif save.interrupted:
         interrupted(rec, save, save.interrupted)
@@ -83,18 +83,36 @@ def is_bug(cause: StageCause | None, behaviour=None) -> bool:
     return bool(WEIGHT_AMAX.search(cause.key or ""))
 
 
-def version_skip_reason(cell, behaviour, modelopt: str | None) -> str | None:
-    """Why the installed nvidia-modelopt cannot run this cell meaningfully, or None."""
+def is_amax_refusal(cause: StageCause | None) -> bool:
+    """An unpatched golden load refused by megatron-core on a quantizer amax (its validation, or a
+    missing key): what "not-restored" predicts. Any other exception (a format the installed
+    megatron-core cannot read, a harness error) is not the bug."""
+    return bool(cause and (cause.exc_type or "").endswith(REFUSALS)
+                and "_amax" in f"{cause.key or ''} {cause.message or ''}")
+
+
+# megatron-core's validation, and torch DCP's missing-key refusal of the load plan
+REFUSALS = (BUG_EXCEPTION, "CheckpointException")
+
+
+def version_skip_reason(cell, behaviour, modelopt: str | None, mcore: str | None = None) -> str | None:
+    """Why the pair (default megatron-core: the installed one) cannot run this cell meaningfully,
+    or None."""
+    mcore = mcore or installed_mcore()
     s = cell.scenario
     if s.patch == "fix" and not behaviour.fix_applies:
         from harness.fix import SUPPORTED_MCORE_VERSIONS, SUPPORTED_MODELOPT_VERSION
 
         return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only, "
                 f"with megatron-core {'/'.join(SUPPORTED_MCORE_VERSIONS)}; {modelopt} is "
-                f"installed with megatron-core {installed_mcore()} (a fixed release needs no "
+                f"installed with megatron-core {mcore} (a fixed release needs no "
                 "patch: see the unpatched scenarios)")
     if s.tier == "cpu" and (behaviour.plugin_needs_te or not behaviour.known):
         return plugin_problem()
+    if cell.golden:  # a golden in a torch_dist format this megatron-core cannot read
+        problem = versions.common_pt_problem(s.golden_root / cell.golden / "ckpt", mcore)
+        if problem:
+            return f"golden {cell.golden} not loadable here: {problem}"
     return None
 
 
@@ -198,8 +216,8 @@ def _load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
     """A load stage against the cell's expectation."""
     if not stage.ok:
         failed_stage(rec, stage, "fail-load")
-        if rec.expected == "not-restored" and not stage.timed_out:
-            rec.outcome = "bug-reproduced"  # any clean refusal to load counts; the cause says which
+        if rec.expected == "not-restored" and not stage.timed_out and is_amax_refusal(stage.cause):
+            rec.outcome = "bug-reproduced"  # megatron-core refused the checkpoint's amax
         return
     rec.verify = judged_verify(stage.rank0.get("verify", {}), rec.tier)
     problems = verify_problems(rec.verify, known_gaps)

@@ -40,6 +40,35 @@ RESTORED, NOT_RESTORED = "restored", "not-restored"
 MCORE_DECORATOR_ERA, MCORE_GROUPS_ERA = "==0.15.*", "==0.16.* || ==0.19.2"
 REFERENCE_MCORE = "0.19.2"  # every run before pairs were recorded used it
 
+# megatron-core's torch_dist on-disk format. <= 0.16 writes common.pt and cannot read a checkpoint
+# without it (0.16.1 dist_checkpointing/strategies/common.py:83-98: load_common raises
+# FileNotFoundError, and its own error path then fails on the str path: AttributeError "'str'
+# object has no attribute 'iterdir'"; 0.15.3 the same). 0.19.2 keeps non-tensor state inside DCP
+# and writes no common.pt (0.19.2 strategies/common.py:41-44: load_common "is deprecated ...
+# torch_dist now handles all non-tensor data as part of default PyTorch DCP"). Checked on the
+# H200: every golden (written by 0.19.2) refused by 0.15.3 and 0.16.1 that way
+# (docs/runs/20261204-0203-pairs.md). Releases between 0.16.1 and 0.19.2 were not read.
+NEEDS_COMMON_PT = "==0.15.* || ==0.16.*"
+COMMON_PT = "common.pt"
+
+
+def common_pt_problem(ckpt_dir, mcore: str | None) -> str | None:
+    """Why megatron-core ``mcore`` cannot read the torch_dist checkpoint at ``ckpt_dir`` (it has
+    no common.pt and this megatron-core needs one), or None."""
+    from pathlib import Path
+
+    try:
+        needs = any(SpecifierSet(alt.strip(), prereleases=True).contains(mcore or "")
+                    for alt in NEEDS_COMMON_PT.split("||"))
+    except InvalidVersion:
+        return None
+    if not needs or (Path(ckpt_dir) / COMMON_PT).is_file():
+        return None
+    return (f"{ckpt_dir}: no {COMMON_PT}: megatron-core {mcore} reads only torch_dist checkpoints "
+            f"that have one (written by megatron-core <= 0.16); this one was written by a newer "
+            f"megatron-core (0.19.2 keeps non-tensor state inside DCP): load it with the "
+            "megatron-core that wrote it")
+
 
 @dataclass(frozen=True)
 class Behaviour:

@@ -23,6 +23,7 @@ sources and checked by the GPU golden runs); this module only turns a checkpoint
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 from harness.check import versions
@@ -81,15 +82,17 @@ def pairs():
 
 REPAIR = "python -m harness repair OLD_CKPT NEW_CKPT, then load NEW_CKPT"
 WITH_FIX = "load it with harness.fix (MOE_CKPT_FIX=1, README 'Using the fix')"
+NEWER_FORMAT = ("load it with a megatron-core that reads it (the one that wrote it, e.g. 0.19.2); "
+                "repair does not change the format")
 NO_WAY_BACK = "keep a per-expert release (0.47.0 + harness.fix, or 0.48.0rc1); repair cannot go back"
 
 
 def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
-    import dataclasses
-
     f = _outcome(lay, label, megatron_core, behaviour)
     buggy = behaviour.replica_rule == "dense-tp" or behaviour.drops_expert_amax_on_reload
-    if f.outcome in (LOADS_COMPLETE, NOT_MOE):
+    if f.outcome == REFUSED and f.line.startswith(f"refused: no {versions.COMMON_PT}"):
+        remedy = NEWER_FORMAT
+    elif f.outcome in (LOADS_COMPLETE, NOT_MOE):
         remedy = "nothing to do" if f.outcome == LOADS_COMPLETE else ""
     elif behaviour.layout == versions.SHARED:
         remedy = NO_WAY_BACK
@@ -109,6 +112,11 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
     if key is None:
         return Forecast(label, megatron_core, NOT_MOE, 0,
                         f"no rule for a {lay.kind} checkpoint (no per-expert weight-quantizer state)")
+    if lay.has_common_pt is False and versions.common_pt_problem(lay.path, megatron_core):
+        return Forecast(label, megatron_core, REFUSED, total,
+                        f"refused: no {versions.COMMON_PT} (megatron-core {megatron_core} reads "
+                        "only checkpoints written by megatron-core <= 0.16; this one was written "
+                        "by a newer one)")
     if behaviour.cannot_save:  # every load builds a sharded_state_dict request: it raises
         return Forecast(label, megatron_core, REFUSED, total, f"refused: {behaviour.cannot_save}")
     if (behaviour.layout == versions.PER_EXPERT and key != "shared"
@@ -165,7 +173,7 @@ def render(fcs: list[Forecast]) -> str:
             lines.append(f"      note: {f.caveat}")
     for f in fcs:
         if f.remedy and f.remedy != "nothing to do":
-            lines.append(f"  with modelopt {f.modelopt}: {f.remedy}")
+            lines.append(f"  with modelopt {f.modelopt} + megatron-core {f.megatron_core}: {f.remedy}")
     return "\n".join(lines)
 
 
@@ -190,7 +198,8 @@ def advice(modelopt_version: str | None, golden_root=None) -> list[str]:
              "harness inspect CKPT` says which kind yours is):"]
     for what, golden in EXAMPLES:
         try:
-            lay = inspect_checkpoint(root / golden / "ckpt")
+            # the kind, not the file: a job's own checkpoint is in its megatron-core's format
+            lay = dataclasses.replace(inspect_checkpoint(root / golden / "ckpt"), has_common_pt=None)
         except NotACheckpoint as exc:
             lines.append(f"      {what}: no example ({exc})")
             continue

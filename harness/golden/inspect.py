@@ -63,6 +63,9 @@ class Layout:
     amax_dtypes: list[str]  # dtypes of the expert weight-quantizer amax
     linears: list[LinearAmax] = field(default_factory=list)  # per-expert layout only
     shared_keys: list[str] = field(default_factory=list)  # shared layout only
+    # megatron-core <= 0.16 needs it (harness/check/versions.py NEEDS_COMMON_PT); None: not a
+    # checkpoint directory read from disk
+    has_common_pt: bool | None = None
 
     @property
     def missing(self) -> dict[str, list[int]]:
@@ -276,8 +279,13 @@ def classify(tensors: dict[str, tuple[str, tuple[int, ...]]], path: str = "", ba
 
 def inspect_checkpoint(path: Path | str) -> Layout:
     """Read a checkpoint's metadata (no tensor data, no process group) and classify it."""
+    from dataclasses import replace
+
+    from harness.check.versions import COMMON_PT
+
     backend, tensors = read_metadata(path)
-    return classify(tensors, path=str(path), backend=backend)
+    lay = classify(tensors, path=str(path), backend=backend)
+    return replace(lay, has_common_pt=(Path(path) / COMMON_PT).is_file())
 
 
 _MEANING = {

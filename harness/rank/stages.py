@@ -88,12 +88,27 @@ def _reload_keeps_state(spec: StageSpec) -> bool:
             or not behaviour_for(modelopt.__version__).drops_expert_amax_on_reload)
 
 
+class CheckpointFormatError(RuntimeError):
+    """The checkpoint is in a torch_dist format the installed megatron-core cannot read."""
+
+
+def readable(ckpt: Path) -> None:
+    """One clear line instead of megatron-core <= 0.16's AttributeError from its own error path
+    when the checkpoint has no common.pt (harness/check/versions.py NEEDS_COMMON_PT)."""
+    from harness.check.versions import common_pt_problem, installed_mcore
+
+    problem = common_pt_problem(ckpt, installed_mcore())
+    if problem:
+        raise CheckpointFormatError(problem)
+
+
 def load_stage(spec: StageSpec) -> dict:
     from harness.rank.logits import (at_load_topology_figures, fp32_pass, logits_figures,
                                      measure_logits, noise_floor_figures)
 
     ckpt = Path(spec.ckpt_dir)
     require_checkpoint(ckpt)
+    readable(ckpt)
     clock = Clock()
     rank, model = prepare_rank(spec, clock)
     restore_modelopt_state(model, ckpt)

@@ -135,7 +135,7 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     save = load = None
     stopped = shutdown_signal()
     if not stopped and not judge.version_skip_reason(cell, judge.rules_for(rec.modelopt, rec.mcore),
-                                                  rec.modelopt):
+                                                  rec.modelopt, rec.mcore):
         save = run_save(cell, run_dir)
         _note_stage(rec, "save", save)
         if cell.load is not None and save.ok and not save.interrupted:
