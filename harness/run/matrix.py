@@ -81,7 +81,9 @@ IMPORT_PROBE = (
     "print('modelopt', modelopt.__version__, 'megatron-core', megatron.core.__version__,"
     " 'torch', torch.__version__, '| rule', b.label, '|', plugin_problem() or 'plugin ok')"
 )
-TIMEOUTS = {"env": 900, "import": 300, "run": 900, "oracle": 600}
+TIMEOUTS = {"env": 900, "import": 300, "run": int(os.environ.get("MATRIX_RUN_TIMEOUT_S", 900)),
+            "oracle": 600}
+TERM_GRACE_S = 30  # after SIGTERM, before SIGKILL of the whole session
 
 
 @dataclass
@@ -283,8 +285,13 @@ def _run(cmd: list[str], timeout_s: float, log: Path, env: dict | None = None) -
         try:
             rc = p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            # SIGTERM first: a `harness run` then writes its results marked incomplete
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=TERM_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
             rc = None
     return rc, log.read_text(errors="replace")
 
