@@ -47,3 +47,25 @@ def test_a_missing_wheel_is_one_line_and_the_other_pairs_still_run(tmp_path, mon
     again = matrix.main(SimpleNamespace(modelopt=[], mcore=[], results_root=str(tmp_path),
                                         from_runs=[str(next(tmp_path.glob("matrix-*")))]))
     assert again == 1 and "| 0.48.0rc1 |" in capsys.readouterr().out
+
+
+def test_a_cut_off_matrix_run_renders_from_its_pair_records(tmp_path):
+    """A matrix call stopped before its table (the H200 0.47.0 pairs call): `--from` rebuilds the
+    rows from each pair's records, re-judged the way the verdict reads them."""
+    import shutil
+
+    from harness.paths import REPO_ROOT as ROOT
+    from harness.run import matrix as M
+
+    run = "20261204-020324-matrix-0.47.0-mc0.16.1"
+    pair = tmp_path / "0.47.0-mc0.16.1"
+    (pair / "results" / run).mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "data" / "runs" / f"{run}.results.json",
+                pair / "results" / run / "results.json")
+    (pair / "import.log").write_text("modelopt 0.47.0 megatron-core 0.16.1 | plugin ok\n")
+    [(label, (cells, records))] = M.from_files([str(tmp_path)]).items()
+    assert label == "modelopt 0.47.0 + mcore 0.16.1"
+    assert cells["import"].note.startswith("0.47.0 megatron-core 0.16.1")
+    golden = [r for r in records if r["scenario"] == "gpu-golden-witness"]
+    assert len(golden) == 6 and all(r["outcome"] == "skipped" for r in golden)  # recorded otherwise
+    assert cells["witness"].counts == {"bug-reproduced": 3, "blocked": 1, "pass": 1}

@@ -8,6 +8,8 @@ for each expert linear's ``_extra_state``.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import errno
 import hashlib
 import io
@@ -242,8 +244,14 @@ def test_forecast_per_pair_from_the_version_rules(goldens):
     assert "CheckpointException" in got[C]["0.48.0rc1"].line
     assert got[C]["0.47.0"].outcome == forecast.DEPENDS
     assert all(f.megatron_core == "0.19.2" for fs in got.values() for f in fs.values())
-    # the other megatron-core bands (harness/check/versions.py): 0.48.0rc1 on 0.15 cannot build
-    # any checkpoint request; 0.47.0 on 0.15 is refused on the shared input amax at TP > ETP
+    # these files were written by megatron-core 0.19.2 (no common.pt): 0.16.1 cannot read them
+    assert "common.pt" in every[B][("0.48.0rc1", "0.16.1")].line
+    # the other megatron-core bands (harness/check/versions.py) for a checkpoint of this kind in
+    # that megatron-core's own format: 0.48.0rc1 on 0.15 cannot build any checkpoint request;
+    # 0.47.0 on 0.15 is refused on the shared input amax at TP > ETP
+    every = {n: {(f.modelopt, f.megatron_core): f for f in forecast.forecast(dataclasses.replace(
+                 inspect_checkpoint(goldens[n] / "ckpt"), has_common_pt=None))}
+             for n in (A, B, C)}
     assert every[B][("0.48.0rc1", "0.15.3")].outcome == forecast.REFUSED
     assert "TypeError" in every[B][("0.48.0rc1", "0.15.3")].line
     assert every[B][("0.48.0rc1", "0.16.1")].outcome == forecast.LOADS_COMPLETE

@@ -110,9 +110,13 @@ def version_skip_reason(cell, behaviour, modelopt: str | None, mcore: str | None
     if s.tier == "cpu" and (behaviour.plugin_needs_te or not behaviour.known):
         return plugin_problem()
     if cell.golden:  # a golden in a torch_dist format this megatron-core cannot read
-        problem = versions.common_pt_problem(s.golden_root / cell.golden / "ckpt", mcore)
+        from harness.paths import REPO_ROOT
+
+        ckpt = s.golden_root / cell.golden / "ckpt"
+        shown = ckpt.relative_to(REPO_ROOT) if ckpt.is_relative_to(REPO_ROOT) else ckpt
+        problem = versions.common_pt_problem(ckpt, mcore, shown=shown)
         if problem:
-            return f"golden {cell.golden} not loadable here: {problem}"
+            return f"golden not loadable here: {problem}"
     return None
 
 

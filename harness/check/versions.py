@@ -52,9 +52,9 @@ NEEDS_COMMON_PT = "==0.15.* || ==0.16.*"
 COMMON_PT = "common.pt"
 
 
-def common_pt_problem(ckpt_dir, mcore: str | None) -> str | None:
+def common_pt_problem(ckpt_dir, mcore: str | None, shown=None) -> str | None:
     """Why megatron-core ``mcore`` cannot read the torch_dist checkpoint at ``ckpt_dir`` (it has
-    no common.pt and this megatron-core needs one), or None."""
+    no common.pt and this megatron-core needs one), or None; ``shown``: the path to print."""
     from pathlib import Path
 
     try:
@@ -64,7 +64,7 @@ def common_pt_problem(ckpt_dir, mcore: str | None) -> str | None:
         return None
     if not needs or (Path(ckpt_dir) / COMMON_PT).is_file():
         return None
-    return (f"{ckpt_dir}: no {COMMON_PT}: megatron-core {mcore} reads only torch_dist checkpoints "
+    return (f"{shown or ckpt_dir}: no {COMMON_PT}: megatron-core {mcore} reads only torch_dist checkpoints "
             f"that have one (written by megatron-core <= 0.16); this one was written by a newer "
             f"megatron-core (0.19.2 keeps non-tensor state inside DCP): load it with the "
             "megatron-core that wrote it")
@@ -160,8 +160,8 @@ KNOWN = (
         golden_restore=_GOLDENS_PER_EXPERT, fix_applies=True,
         source=f"{_SRC_047}; megatron-core >= 0.16 fills replica_id[1] from the DENSE TP group "
                "(0.16.1 core/utils.py:1017-1020; 0.19.2 the same)",
-        checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261202-122731-witness.md); "
-                   "0.16.1: cpu-tier real validation (tests/test_oracle_vs_megatron.py)",
+        checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261202-122731-witness.md) "
+                   "and 0.16.1 (docs/runs/20261204-0203-pairs.md); cpu-tier real validation (tests/test_oracle_vs_megatron.py)",
     ),
     Behaviour(
         label="0.47.0 + mcore 0.15", specifier="==0.47.0", mcore=MCORE_DECORATOR_ERA,
@@ -173,7 +173,9 @@ KNOWN = (
                "parallel_state.py:1509-1514): per-expert amax get (0, etp, edp), no collision; "
                "but the shared input_quantizer._amax keeps the DENSE DP rank (0.15.3 "
                "utils.py:845-856): (0, etp, dp) collides whenever TP > ETP",
-        checked_on="cpu-tier real validation (tests/test_oracle_vs_megatron.py); GPU pending",
+        checked_on="gpu-shared with megatron-core 0.15.3 (docs/runs/20261204-0203-pairs.md: the shared input amax key "
+                   "refused, the TP < ETP load loads and loses 28/32 expert amax); cpu-tier real "
+                   "validation (tests/test_oracle_vs_megatron.py)",
     ),
     Behaviour(
         label="0.48.0rc1 + mcore 0.16.x|0.19.2", specifier="==0.48.0rc1", layout=PER_EXPERT,
@@ -181,7 +183,8 @@ KNOWN = (
         golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
         source=_SRC_048 + "; megatron-core >= 0.16 honours the groups (0.16.1 "
                "transformer/utils.py:81-82, core/utils.py:1009-1020)",
-        checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261203-000204-matrix.md)",
+        checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261203-000204-matrix.md) "
+                   "and 0.16.1 (docs/runs/20261204-0203-pairs.md)",
     ),
     Behaviour(
         label="0.48.0rc1 + mcore 0.15", specifier="==0.48.0rc1", mcore=MCORE_DECORATOR_ERA,
@@ -193,8 +196,8 @@ KNOWN = (
         source=_SRC_048 + "; megatron-core 0.15.3 transformer/utils.py:76-82 has no tp_group "
                "parameter, so every TEGroupedMLP sharded_state_dict (save, and a load's request) "
                "raises TypeError",
-        checked_on="the TypeError: cpu tier (the harness's own probe hit it on 0.15.3 before "
-                   "its shim); GPU pending",
+        checked_on="gpu-shared with megatron-core 0.15.3 (docs/runs/20261204-0203-pairs.md: "
+                   "every save raises the TypeError)",
     ),
 )
 LAST_BUGGY = "0.47.0"

@@ -112,13 +112,14 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
     if key is None:
         return Forecast(label, megatron_core, NOT_MOE, 0,
                         f"no rule for a {lay.kind} checkpoint (no per-expert weight-quantizer state)")
+    if behaviour.cannot_save:  # every load builds a sharded_state_dict request: it raises
+        return Forecast(label, megatron_core, REFUSED, total, f"refused: {behaviour.cannot_save}")
+    # the request is built before any file is read: a TypeError above comes first
     if lay.has_common_pt is False and versions.common_pt_problem(lay.path, megatron_core):
         return Forecast(label, megatron_core, REFUSED, total,
                         f"refused: no {versions.COMMON_PT} (megatron-core {megatron_core} reads "
                         "only checkpoints written by megatron-core <= 0.16; this one was written "
                         "by a newer one)")
-    if behaviour.cannot_save:  # every load builds a sharded_state_dict request: it raises
-        return Forecast(label, megatron_core, REFUSED, total, f"refused: {behaviour.cannot_save}")
     if (behaviour.layout == versions.PER_EXPERT and key != "shared"
             and behaviour.shared_rule == "expert-tp-dense-dp"):
         # 0.47.0 on megatron-core 0.15 (versions.py): per-expert amax do not collide, the

@@ -351,12 +351,38 @@ def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str,
     return cells, records
 
 
+PAIR_RESULTS = "*/results/*/results.json"  # <run>/<pair>/results/<run id>/results.json
+
+
+def rows_of_cut_off_run(root: Path) -> dict[str, tuple[dict[str, TableEntry], list[dict]]]:
+    """Rows of a matrix run stopped before it wrote its table (e.g. a GPU call's time limit):
+    each pair's records as written, judged again under today's rules the way the verdict reads
+    them (report/equivalence.rejudged_doc), and its import probe's last line."""
+    from harness.report.equivalence import rejudged_doc
+
+    done = {}
+    for found in sorted(root.glob(PAIR_RESULTS)):
+        doc = rejudged_doc(json.loads(found.read_text()))
+        ver = doc.get("versions", {})
+        label = pair_label(ver.get("nvidia-modelopt", "?"), ver.get("megatron-core"))
+        imp = found.parents[2] / "import.log"
+        note = _last_line(imp.read_text(errors="replace")) if imp.exists() else ""
+        cells = {"import": TableEntry({"pass": 1}, ["cpu"], note.replace("modelopt ", "", 1))}
+        cells.update(cells_from_results(doc))
+        cells["oracle"] = TableEntry(note="not run in pairs mode (cpu tier checks it per mcore)")
+        done[label] = (cells, doc["cells"])
+    return done
+
+
 def from_files(dirs: list[str]) -> dict[str, tuple[dict[str, TableEntry], list[dict]]]:
     """Rows of earlier matrix runs (their matrix.json), later files winning per version: a
     matrix spread over several GPU sessions renders as one table."""
     done: dict = {}
     for d in dirs:
         path = Path(d) / "matrix.json" if Path(d).is_dir() else Path(d)
+        if Path(d).is_dir() and not path.exists() and list(Path(d).glob(PAIR_RESULTS)):
+            done.update(rows_of_cut_off_run(Path(d)))
+            continue
         try:
             doc = json.loads(path.read_text())
             for v, row in doc.items():
