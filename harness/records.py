@@ -8,19 +8,60 @@ judged by harness/check/judge.py. A cell record is one entry of results.json
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
-OUTCOMES = ("pass", "bug-reproduced", "unexpected-failure", "unexpected-pass", "blocked", "skipped",
-            "interrupted", "rule-unknown")
-# The (nvidia-modelopt, megatron-core) pair has no rule (harness/check/versions.py): what ran is
-# recorded, nothing was predicted, so it is neither good nor unexpected.
-RULE_UNKNOWN = "rule-unknown"
+
+class Outcome(StrEnum):
+    """What a cell came to (harness/check/judge.py decides it)."""
+
+    PASS = "pass"
+    BUG_REPRODUCED = "bug-reproduced"  # the bug the pair's rule predicts, where it predicts it
+    UNEXPECTED_FAILURE = "unexpected-failure"
+    UNEXPECTED_PASS = "unexpected-pass"  # the predicted bug no longer reproduces
+    BLOCKED = "blocked"  # its save failed as expected: the load was not run
+    SKIPPED = "skipped"
+    # The controller was stopped (Ctrl-C, CI cancel) while the cell ran or before it started: says
+    # nothing about the product; the run's results.json is then marked incomplete.
+    INTERRUPTED = "interrupted"
+    # The (nvidia-modelopt, megatron-core) pair has no rule (harness/check/versions.py): what ran is
+    # recorded, nothing was predicted, so it is neither good nor unexpected.
+    RULE_UNKNOWN = "rule-unknown"
+
+
+class Expected(StrEnum):
+    """What a cell is expected to do under the rule of its pair (harness/scenario/cells.py)."""
+
+    PASS = "pass"
+    FAIL_SAVE = "fail-save"  # the save's validation collides
+    FAIL_LOAD = "fail-load"  # the load's validation collides
+    AMAX_LOST = "amax-lost"  # the second bug: per-expert amax gone after load_state_dict
+    NOT_RESTORED = "not-restored"  # an unpatched golden this release cannot restore
+    RULE_UNKNOWN = "rule-unknown"  # the pair has no rule: nothing is predicted
+
+
+class ExpectMode(StrEnum):
+    """A scenario's ``expect``: how its cells get their expectation."""
+
+    PASS = "pass"  # every cell is expected to pass
+    ORACLE = "oracle"  # the pair's rule decides per cell
+
+
+class CauseKind(StrEnum):
+    """How a stage's first failure showed (harness/launch/failures.py)."""
+
+    EXCEPTION = "exception"
+    SIGNAL = "signal"
+    EXIT = "exit"
+    TIMEOUT = "timeout"
+    HANG = "hang"
+
+
+EXPECT_MODES = tuple(m.value for m in ExpectMode)
+OUTCOMES = tuple(Outcome)
 # The harness saw what it expected.
-GOOD_OUTCOMES = ("pass", "bug-reproduced")
+GOOD_OUTCOMES = (Outcome.PASS, Outcome.BUG_REPRODUCED)
 # The run fails: the world differs from what the installed ModelOpt's rules predict.
-UNEXPECTED_OUTCOMES = ("unexpected-failure", "unexpected-pass")
-# The controller was stopped (Ctrl-C, CI cancel) while the cell ran or before it started: says
-# nothing about the product; the run's results.json is then marked incomplete.
-INTERRUPTED = "interrupted"
+UNEXPECTED_OUTCOMES = (Outcome.UNEXPECTED_FAILURE, Outcome.UNEXPECTED_PASS)
 
 
 @dataclass
@@ -28,7 +69,7 @@ class StageCause:
     """The first failure of a stage (harness/launch/failures.py decides which one is first)."""
 
     rank: int | None
-    kind: str  # exception | signal | exit | timeout | hang
+    kind: str  # a CauseKind
     exc_type: str | None
     message: str
     key: str | None  # the checkpoint key named in the error, if any
@@ -73,7 +114,7 @@ class CellRecord:
     load_topology: str | None
     patch: str
     expected: str
-    outcome: str = "skipped"
+    outcome: str = Outcome.SKIPPED
     failed_stage: str | None = None
     exception_type: str | None = None
     message: str | None = None

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from harness.check import versions
+from harness.check.layouts import CkptLayout, GoldenLayout, golden_layout_of
 
 # megatron-core releases every golden rule was measured with on a GPU (docs/runs/*golden*,
 # *matrix*); the other pairs' golden rules are read from the sources (versions.py).
@@ -49,20 +50,9 @@ class Forecast:
         return asdict(self)
 
 
-def restore_key(lay) -> str | None:
-    """The ``golden_restore`` key of a checkpoint layout: shared / complete / incomplete."""
-    if lay.kind == "shared":
-        return "shared"
-    if lay.kind == "per-expert":
-        return "incomplete" if lay.missing else "complete"
-    if lay.kind == "incomplete":
-        return "incomplete"
-    return None  # unquantized or mixed: no rule
-
-
 def expert_amax_count(lay) -> int:
     """Per-expert weight amax a per-expert model asks for: experts x grouped linears."""
-    if lay.kind == "shared":
+    if lay.kind == CkptLayout.SHARED:
         return len(lay.shared_keys) * (lay.num_experts or 0)
     return sum(len(li.present) + len(li.missing) for li in lay.linears)
 
@@ -104,14 +94,14 @@ def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
 
 
 def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
-    key = restore_key(lay)
+    key = golden_layout_of(lay)
     total = expert_amax_count(lay)
     if key is None:
         return Forecast(label, megatron_core, NOT_MOE, 0,
                         f"no rule for a {lay.kind} checkpoint (no per-expert weight-quantizer state)")
     if behaviour.cannot_save:  # every load builds a sharded_state_dict request: it raises
         return Forecast(label, megatron_core, REFUSED, total, f"refused: {behaviour.cannot_save}")
-    if (behaviour.layout == versions.PER_EXPERT and key != "shared"
+    if (behaviour.layout == versions.PER_EXPERT and key != GoldenLayout.SHARED
             and behaviour.shared_rule == "expert-tp-dense-dp"):
         # 0.47.0 on megatron-core 0.15 (versions.py): per-expert amax do not collide, the
         # shared input amax does at TP > ETP; the second bug is the same.
@@ -119,7 +109,7 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
                         "depends on the load topology: refused at TP > ETP (CheckpointingException: "
                         "Invalid access pattern on the shared ...experts.linear_fcN.input_quantizer."
                         "_amax); elsewhere only each rank's first local expert keeps its amax")
-    if behaviour.layout == versions.PER_EXPERT and key != "shared" and (
+    if behaviour.layout == versions.PER_EXPERT and key != GoldenLayout.SHARED and (
             behaviour.replica_rule == "dense-tp" or behaviour.drops_expert_amax_on_reload):
         # 0.47.0: a per-expert checkpoint's fate depends on the load topology (measured,
         # docs/runs/20261202-150543-golden.md): the collision refuses TP != ETP loads, and the
@@ -130,13 +120,13 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
                         "first local expert keeps its amax (e.g. 28 of 32 lost at one rank)",
                         "harness.fix loads it complete")
     if behaviour.golden_restore.get(key) == versions.RESTORED:
-        if key == "shared":
+        if key == GoldenLayout.SHARED:
             return Forecast(label, megatron_core, LOADS_COMPLETE, 0,
                             f"loads complete (the layout it wrote: {len(lay.shared_keys)} shared amax)")
         return Forecast(label, megatron_core, LOADS_COMPLETE, 0,
                         f"loads complete ({total} expert amax restored)")
     caveat = ""
-    if key == "shared" and behaviour.layout == versions.PER_EXPERT:
+    if key == GoldenLayout.SHARED and behaviour.layout == versions.PER_EXPERT:
         if behaviour.fix_applies:
             caveat = "harness.fix loads it complete (the shared amax goes to every expert)"
         return Forecast(label, megatron_core, LOADS_ABSENT, total,
@@ -146,7 +136,7 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
         return Forecast(label, megatron_core, REFUSED, total,
                         "refused: CheckpointException (missing key: this release asks for the "
                         "shared ...experts.<linear>.weight_quantizer._amax)", caveat)
-    missing = sum(len(v) for v in lay.missing.values()) if lay.kind == "per-expert" else total
+    missing = sum(len(v) for v in lay.missing.values()) if lay.kind == CkptLayout.PER_EXPERT else total
     return Forecast(label, megatron_core, REFUSED, missing,
                     f"refused: CheckpointException (missing key: {missing} expert "
                     "weight_quantizer._amax not in the checkpoint)", caveat)

@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.check.layouts import CkptLayout, GoldenLayout
 from harness.check.keys import ANY_LAYER, EXPERT_INPUT_AMAX, EXPERT_WEIGHT, ROUTER_WEIGHT
 from harness.check.keys import PER_EXPERT_WEIGHT_AMAX as PER_EXPERT
 from harness.check.keys import SHARED_WEIGHT_AMAX as SHARED
@@ -53,7 +54,7 @@ class LinearAmax:
 @dataclass
 class Layout:
     path: str
-    kind: str  # per-expert | shared | mixed | incomplete | unquantized
+    kind: str  # a CkptLayout
     backend: str
     num_tensors: int
     num_layers: int
@@ -250,15 +251,15 @@ def classify(tensors: dict[str, tuple[str, tuple[int, ...]]], path: str = "", ba
             present = per_expert.get((layer, lin), set())
             linears.append(LinearAmax(layer, lin, sorted(present), sorted(expected - present)))
     if per_expert and shared:
-        kind = "mixed"
+        kind = CkptLayout.MIXED
     elif per_expert:
-        kind = "per-expert"
+        kind = CkptLayout.PER_EXPERT
     elif shared:
-        kind = "shared"
+        kind = CkptLayout.SHARED
     elif expert_input_amax:
-        kind = "incomplete"
+        kind = CkptLayout.INCOMPLETE
     else:
-        kind = "unquantized"  # dense layers may be quantized; the experts hold no weight amax
+        kind = CkptLayout.UNQUANTIZED  # dense layers may be quantized; the experts hold no weight amax
     return Layout(
         path=path,
         kind=kind,
@@ -281,11 +282,11 @@ def inspect_checkpoint(path: Path | str) -> Layout:
 
 
 _MEANING = {
-    "per-expert": "ModelOpt >= 0.47.0 layout: one weight-quantizer amax per expert",
-    "shared": "ModelOpt <= 0.46.x layout: one shared weight-quantizer amax per grouped linear",
-    "mixed": "BOTH per-expert and shared weight-quantizer amax keys: do not load without checking",
-    "incomplete": "experts quantized but NO expert weight-quantizer amax saved",
-    "unquantized": "no expert weight-quantizer state",
+    CkptLayout.PER_EXPERT: "ModelOpt >= 0.47.0 layout: one weight-quantizer amax per expert",
+    CkptLayout.SHARED: "ModelOpt <= 0.46.x layout: one shared weight-quantizer amax per grouped linear",
+    CkptLayout.MIXED: "BOTH per-expert and shared weight-quantizer amax keys: do not load without checking",
+    CkptLayout.INCOMPLETE: "experts quantized but NO expert weight-quantizer amax saved",
+    CkptLayout.UNQUANTIZED: "no expert weight-quantizer state",
 }
 
 
@@ -299,10 +300,10 @@ def render(lay: Layout) -> str:
     ]
     if lay.amax_dtypes:
         lines.append("amax dtype: " + ", ".join(d.removeprefix("torch.") for d in lay.amax_dtypes))
-    if lay.kind == "shared":
+    if lay.kind == CkptLayout.SHARED:
         lines.append(f"shared weight_quantizer keys: {len(lay.shared_keys)} (e.g. {lay.shared_keys[0]})")
     for li in lay.linears:
-        state = "complete" if not li.missing else f"MISSING experts {li.missing}"
+        state = GoldenLayout.COMPLETE if not li.missing else f"MISSING experts {li.missing}"
         lines.append(f"  layer {li.layer} {li.linear}: {len(li.present)}/{len(li.present) + len(li.missing)} "
                      f"experts with amax, {state}")
     if lay.missing:
@@ -332,4 +333,4 @@ def main(args) -> int:
     else:
         print(render(lay))
         print(forecast.render(fcs))
-    return 1 if lay.kind in ("mixed", "incomplete") or lay.missing else 0
+    return 1 if lay.kind in (CkptLayout.MIXED, CkptLayout.INCOMPLETE) or lay.missing else 0

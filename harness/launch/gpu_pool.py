@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence, Union
 
-from harness.scenario.machine import TIERS
+from harness.tiers import TIERS, Tier, facts, gpus_needed
 
 
 Gpus = Union[int, Sequence[str], str]
@@ -42,7 +42,7 @@ class CellDemand:
 
     cell_id: str
     ranks: int
-    tier: str = "gpu"
+    tier: str = Tier.GPU
     shared_gpus: int = 1
     seconds: float = 0.0
 
@@ -105,15 +105,6 @@ def visible_gpus(gpus: Gpus | None = None, environ: Mapping[str, str] | None = N
     return [str(g) for g in gpus]
 
 
-def gpus_needed(tier: str, ranks: int, shared_gpus: int = 1) -> int:
-    """The fewest GPUs a cell of this tier and size can run on."""
-    if tier == "cpu":
-        return 0
-    if tier == "gpu":
-        return ranks
-    return max(1, min(shared_gpus, ranks))
-
-
 def _plural(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
@@ -124,9 +115,9 @@ def _fit(cell: CellDemand, n_visible: int, on_too_big: str) -> tuple[str, int, s
     if need <= n_visible:
         return cell.tier, need, None
     why = f"needs {_plural(need)} for tier {cell.tier}, {n_visible} visible"
-    if cell.tier == "gpu" and on_too_big == "shared" and n_visible >= 1:
+    if facts(cell.tier).gpu_per_rank and on_too_big == "shared" and n_visible >= 1:
         # Spread the ranks over every visible GPU: the least sharing that is possible here.
-        return "gpu-shared", n_visible, f"{why}; running as gpu-shared on {_plural(n_visible)}"
+        return Tier.GPU_SHARED, n_visible, f"{why}; running as gpu-shared on {_plural(n_visible)}"
     return "", 0, why
 
 
@@ -214,7 +205,7 @@ def estimate_wall(durations: Iterable[tuple[int, float]], n_gpus: int) -> float:
         if need <= 0:
             cpu_total += seconds
             continue
-        cells.append(CellDemand(f"job{i:05d}", max(1, min(int(need), n_gpus)), "gpu", seconds=max(seconds, 1e-9)))
+        cells.append(CellDemand(f"job{i:05d}", max(1, min(int(need), n_gpus)), Tier.GPU, seconds=max(seconds, 1e-9)))
     plan = plan_schedule(cells, n_gpus)
     by_id = {c.cell_id: c.seconds for c in cells}
     gpu_wall = max((a.start + by_id[a.cell_id] for a in plan), default=0.0)

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from harness.check.results_file import INCOMPLETE_LINE, ResultsFileError, is_incomplete, read_results
 from harness.paths import RESULTS_DIR
-from harness.records import INTERRUPTED, RULE_UNKNOWN, UNEXPECTED_OUTCOMES
+from harness.records import UNEXPECTED_OUTCOMES, Outcome
 
 Record = Mapping[str, Any]
 
@@ -22,16 +22,16 @@ Record = Mapping[str, Any]
 # the worst). Each: (outcomes mapped to it, label, short text drawn in the square, colour).
 CATEGORIES = (
     (UNEXPECTED_OUTCOMES, "unexpected failure (or pass)", "FAIL", "#d62728"),
-    (("blocked",), "blocked", "BLOCK", "#7f7f7f"),
-    ((RULE_UNKNOWN,), "rule unknown for the (modelopt, megatron-core) pair", "RULE?", "#8c564b"),
-    ((INTERRUPTED,), "interrupted (run stopped, not a result)", "INTR", "#9467bd"),
-    (("bug-reproduced",), "bug reproduced as expected", "BUG", "#ff9f1c"),
-    (("skipped",), "skipped", "SKIP", "#c7c7c7"),
-    (("pass",), "pass", "PASS", "#2ca02c"),
+    ((Outcome.BLOCKED,), Outcome.BLOCKED, "BLOCK", "#7f7f7f"),
+    ((Outcome.RULE_UNKNOWN,), "rule unknown for the (modelopt, megatron-core) pair", "RULE?", "#8c564b"),
+    ((Outcome.INTERRUPTED,), "interrupted (run stopped, not a result)", "INTR", "#9467bd"),
+    ((Outcome.BUG_REPRODUCED,), "bug reproduced as expected", "BUG", "#ff9f1c"),
+    ((Outcome.SKIPPED,), Outcome.SKIPPED, "SKIP", "#c7c7c7"),
+    ((Outcome.PASS,), Outcome.PASS, "PASS", "#2ca02c"),
 )
 SAVE_ONLY = "(save only)"
 # Outcomes that share a category but deserve their own word in the square.
-_WORDS = {"unexpected-pass": "UNEXP.\nPASS"}
+_WORDS = {Outcome.UNEXPECTED_PASS: "UNEXP.\nPASS"}
 
 
 def category(outcome: str) -> int:
@@ -59,9 +59,9 @@ def _first_line(text: Any, limit: int = 120) -> str:
 def cause(record: Record) -> str:
     """One short phrase saying why a cell ended as it did (empty for a plain pass)."""
     outcome = record.get("outcome")
-    if outcome in ("blocked", "skipped"):
+    if outcome in (Outcome.BLOCKED, Outcome.SKIPPED):
         return _first_line(record.get("reason"))
-    if outcome == "unexpected-pass":
+    if outcome == Outcome.UNEXPECTED_PASS:
         return f"expected {record.get('expected')}, passed"
     if not record.get("exception_type") and not record.get("message"):
         return ""

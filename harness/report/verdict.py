@@ -31,7 +31,7 @@ from typing import Any, Mapping
 from harness.check.results_file import INCOMPLETE_LINE, is_incomplete, read_results
 from harness.report.summary import cause
 from harness.paths import QUARANTINE_FILE
-from harness.records import INTERRUPTED
+from harness.records import Outcome
 from harness.scenario.scenarios import Cell, Scenario, load_all
 from harness.topology.topology import Topology
 
@@ -61,6 +61,7 @@ class Quarantine:
     jobs: tuple[Job, ...]
     witness: str  # scenario names
     fix: str
+    goldens: str = ""  # the goldens loaded unpatched (existing checkpoints)
 
 
 def load_quarantine(path: Path = QUARANTINE) -> Quarantine:
@@ -75,7 +76,8 @@ def load_quarantine(path: Path = QUARANTINE) -> Quarantine:
         )
         for j in data["jobs"]
     )
-    return Quarantine(jobs, data["witness_scenario"], data["fix_scenario"])
+    return Quarantine(jobs, data["witness_scenario"], data["fix_scenario"],
+                      data.get("goldens_scenario", ""))
 
 
 def job_cells(job: Job, scenario: Scenario) -> list[Cell]:
@@ -154,7 +156,7 @@ def rejudged(cell: Cell, rec: Mapping[str, Any] | None) -> tuple[Mapping[str, An
     today's rules, and a note saying so when that changes its outcome."""
     from harness.check.judge import rejudge_record
 
-    if not rec or rec.get("outcome") in ("skipped", INTERRUPTED):
+    if not rec or rec.get("outcome") in (Outcome.SKIPPED, Outcome.INTERRUPTED):
         return rec, ""
     new = rejudge_record(with_pair(rec), cell)
     if new["outcome"] == rec.get("outcome"):
@@ -192,29 +194,29 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell],
     """The verdict for one job from ``records`` (cell id -> results.json record). An interrupted
     cell says nothing about the product: it counts as missing, and is shown as interrupted."""
     rows, notes = [], {}
-    stopped = {cid for cid, r in records.items() if r.get("outcome") == INTERRUPTED}
+    stopped = {cid for cid, r in records.items() if r.get("outcome") == Outcome.INTERRUPTED}
     for role, cells in (("witness", witness), ("fix", fix)):
         for c in cells:
             rec, notes[c.id] = rejudged(c, None if c.id in stopped else records.get(c.id))
             rows.append((c, role, rec))
-    evidence = [Evidence(c.id, role, r["outcome"] if r else INTERRUPTED if c.id in stopped else "missing",
+    evidence = [Evidence(c.id, role, r["outcome"] if r else Outcome.INTERRUPTED if c.id in stopped else "missing",
                          "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
                 for c, role, r in rows]
     tier = (witness or fix)[0].scenario.tier
     v = lambda word, detail: Verdict(job, word, detail, tier, evidence)  # noqa: E731
 
     def ran(role):
-        return [r["outcome"] for _, ro, r in rows if ro == role and r and r["outcome"] != "skipped"]
+        return [r["outcome"] for _, ro, r in rows if ro == role and r and r["outcome"] != Outcome.SKIPPED]
 
     def complete(role):
-        return all(r and r["outcome"] != "skipped" for _, ro, r in rows if ro == role)
+        return all(r and r["outcome"] != Outcome.SKIPPED for _, ro, r in rows if ro == role)
 
-    bad = [e.cell_id for e in evidence if e.outcome == "unexpected-failure"]
+    bad = [e.cell_id for e in evidence if e.outcome == Outcome.UNEXPECTED_FAILURE]
     if bad:
         return v(UNEXPECTED, f"{len(bad)} evidence cell(s) failed unexpectedly: {', '.join(bad)}")
-    unruled = [e.cell_id for e in evidence if e.outcome == "rule-unknown"]
+    unruled = [e.cell_id for e in evidence if e.outcome == Outcome.RULE_UNKNOWN]
     if unruled:
-        pair = next((pair_of(r) for _, _, r in rows if r and r.get("outcome") == "rule-unknown"), "?")
+        pair = next((pair_of(r) for _, _, r in rows if r and r.get("outcome") == Outcome.RULE_UNKNOWN), "?")
         return v(NO_RULE, f"no rule for the pair {pair} (harness/check/versions.py): "
                           f"{len(unruled)} evidence cell(s) ran without a prediction")
     present = [r for _, _, r in rows if r]
@@ -223,15 +225,15 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell],
         why = f"tier {tier} needs a GPU" if "GPU" in reason else reason
         return v(NO_EVIDENCE, f"on this machine ({why})")
     w, f = ran("witness"), ran("fix")
-    reproduced = "bug-reproduced" in w
+    reproduced = Outcome.BUG_REPRODUCED in w
     missing_fix = [e.cell_id for e in evidence
-                   if e.role == "fix" and e.outcome in ("missing", "skipped", INTERRUPTED)]
-    if w and complete("witness") and all(o in ("pass", "unexpected-pass") for o in w):
+                   if e.role == "fix" and e.outcome in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
+    if w and complete("witness") and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS) for o in w):
         how = ("the bug no longer reproduces (this version was expected to fail)"
-               if "unexpected-pass" in w else "this version's own rules expect it to pass, and it does")
+               if Outcome.UNEXPECTED_PASS in w else "this version's own rules expect it to pass, and it does")
         return v(SAFE, f"fixed upstream: unpatched, save {job.save.id} / load {job.load.id} "
                        f"pass: {how}")
-    if complete("fix") and all(o == "pass" for o in f):
+    if complete("fix") and all(o == Outcome.PASS for o in f):
         unpatched = ("unpatched the witness still reproduces the bug (BLOCKED without the patch)"
                      if reproduced else "no unpatched evidence here")
         return v(SAFE_WITH_PATCH, f"every patched cell at the job's shapes passes; {unpatched}")
@@ -239,7 +241,7 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell],
         fix_state = (f"fix evidence incomplete, missing {', '.join(missing_fix)}" if missing_fix
                      else f"fix cells: {', '.join(f)}")
         return v(BLOCKED, f"the unpatched witness reproduces the bug at the job's shapes; {fix_state}")
-    missing = [e.cell_id for e in evidence if e.outcome in ("missing", "skipped", INTERRUPTED)]
+    missing = [e.cell_id for e in evidence if e.outcome in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
     return v(INCOMPLETE, "cannot decide from this evidence"
              + (f"; missing {', '.join(missing)}" if missing else
                 f"; outcomes {', '.join(e.outcome for e in evidence)}"))
@@ -265,13 +267,14 @@ def judge_doc(doc: Mapping[str, Any], **kw) -> list[Verdict]:
     return judge_records(doc_records(doc), **kw)
 
 
-def existing_checkpoints(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """What unpatched loads of the committed goldens gave: the checkpoints users already have."""
+def existing_checkpoints(records: Mapping[str, Mapping[str, Any]], goldens: str) -> list[str]:
+    """What unpatched loads of the committed goldens (scenario ``goldens``) gave: the
+    checkpoints users already have."""
     from harness.check.judge import held_after_load
 
     lines = []
     for cid, rec in sorted(records.items()):
-        if rec.get("scenario") != "gpu-golden-witness" or rec.get("outcome") == "skipped":
+        if rec.get("scenario") != goldens or rec.get("outcome") == Outcome.SKIPPED:
             continue
         what = (held_after_load(rec["verify"]) if rec.get("verify")
                 else cause(rec) or rec.get("reason") or "")
@@ -325,13 +328,14 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
     """Text for each (label, results doc), then for each modelopt version with several docs the
     verdict of their records together (newer runs win for the same cell). Returns all verdicts."""
     out, every = [], []
+    goldens = load_quarantine().goldens
     for label, doc in docs:
         vds = judge_doc(doc)
         every += vds
         out.append("\n".join([format_verdicts(
             f"== {_pair(doc)}: {label} (run {doc.get('run_id', '?')}, "
             f"tier {doc.get('tier', '?')}; {_versions(doc)})", vds),
-            *_incomplete([doc]), *existing_checkpoints(doc_records(doc)),
+            *_incomplete([doc]), *existing_checkpoints(doc_records(doc), goldens),
             *checkpoint_advice(_modelopt(doc))]))
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for _, doc in docs:
@@ -342,14 +346,14 @@ def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list
         records: dict[str, Mapping[str, Any]] = {}
         for doc in sorted(group, key=lambda d: (str(d.get("created", "")), str(d.get("run_id", "")))):
             for cid, c in doc_records(doc).items():
-                if c.get("outcome") not in ("skipped", INTERRUPTED) or cid not in records:
+                if c.get("outcome") not in (Outcome.SKIPPED, Outcome.INTERRUPTED) or cid not in records:
                     records[cid] = c
         runs = ", ".join(str(d.get("run_id", "?")) for d in group)
         vds = judge_records(records)
         every += vds
         out.append("\n".join([format_verdicts(
             f"== {version}: all {len(group)} runs together ({runs}; newer runs win for "
-            "the same cell)", vds), *_incomplete(group), *existing_checkpoints(records)]))
+            "the same cell)", vds), *_incomplete(group), *existing_checkpoints(records, goldens)]))
     return "\n\n".join(out), every
 
 

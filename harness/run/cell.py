@@ -20,6 +20,7 @@ from harness.rank.spec import StageSpec
 from harness.records import CellRecord, StageResult
 from harness.run.results import write_record
 from harness.scenario.scenarios import Cell
+from harness.tiers import StageMode, facts
 
 
 def _spec(cell: Cell, stage: str, topo, save_dir: Path) -> StageSpec:
@@ -98,7 +99,7 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
     """THE place a stage starts: a fresh torchrun, or a warm rank pool (HARNESS_STAGE_MODE)."""
     spec_path = spec.write(stage_dir / "spec.json")
     timeout_s, env = cell.scenario.stage_timeout_s, _tier_env(spec.tier)
-    if stage_mode(spec.tier) == "pool":
+    if stage_mode(spec.tier) == StageMode.POOL:
         # pools live in the run directory: every stage's checkpoint is <run>/saves/<id>/ckpt
         run_dir = Path(spec.ckpt_dir).parents[2]
         key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run_dir, env)
@@ -110,7 +111,7 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
 
 def _tier_env(tier: str) -> dict:
     env = {}
-    if tier == "gpu":
+    if facts(tier).process_group == "nccl":
         from harness.rank.guard import nccl_env
 
         env.update(nccl_env())

@@ -34,38 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.paths import REPO_ROOT
-from harness.records import UNEXPECTED_OUTCOMES
+from harness.records import UNEXPECTED_OUTCOMES, Expected, Outcome
+from harness.scenario import selections
+from harness.tiers import Tier
 
-COLUMNS = ("import", "witness", "second-bug", "fix", "goldens", "cpu-reshard", "oracle")
-SCENARIO_COLUMN = {"gpu-witness": "witness", "gpu-fix": "fix", "gpu-golden-witness": "goldens",
-                   "cpu-reshard": "cpu-reshard"}
-# The cells that decide a version's verdict, about 15 stages on the GPU: the report's save and
-# the Ultra job (tp4-etp1-ep8, saved and reloaded), the smallest failing save (tp2-etp1-ep2);
-# the Nano QAD story (save
-# tp1-etp1-ep8, reload tp4-etp1-ep8); loads at TP < ETP and at one rank holding every expert
-# (the second bug); the patched job shapes; every golden; one cpu cell.
-MATRIX_CELLS = (
-    "gpu-witness[save=tp2-etp1-ep2-pp1,save-only]",
-    "gpu-witness[save=tp4-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",  # Ultra PTQ save/load
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp2-ep1-pp1]",
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp1-ep1-pp1]",
-    "gpu-fix[save=tp4-etp1-ep8-pp1,save-only]",
-    "gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-golden-witness*",
-    "cpu-reshard[save=tp1-etp1-ep2-pp1,load=tp1-etp1-ep1-pp1]",
-)
-# The deciding cells per (modelopt, megatron-core) pair (MATRIX_CELLS_SET=pairs; issue 24), kept
-# small because six pairs share one GPU: the report's and Ultra's shape (tp4-etp1-ep8 saved and
-# reloaded), the Nano QAD cell, a TP < ETP load where a rank holds every expert (second bug),
-# the patched Nano cell, every golden.
-PAIR_CELLS = (
-    "gpu-witness[save=tp4-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp2-ep1-pp1]",
-    "gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-golden-witness*",
-)
+COLUMNS = selections.listed("matrix", "table")
+# Which cells run and which column each scenario's cells count in: scenarios/selections.toml.
+SCENARIO_COLUMN = selections.matrix_columns()
+MATRIX_CELLS = selections.listed("matrix", "cells")
+PAIR_CELLS = selections.listed("matrix", "pair_cells")
+GOLDENS = "goldens"  # the column of the committed goldens loaded unpatched (goldens_table)
 
 
 def cell_set() -> tuple[str, ...]:
@@ -143,7 +121,7 @@ def column_of(record: dict) -> str:
     """Which matrix column a cell record counts in."""
     col = SCENARIO_COLUMN.get(record["scenario"], record["scenario"])
     if col == "witness" and record.get("load_topology") and record.get("expected") in (
-            "amax-lost", "pass") and _holds_several_experts(record):
+            Expected.AMAX_LOST, Expected.PASS) and _holds_several_experts(record):
         return "second-bug"
     return col
 
@@ -174,12 +152,12 @@ def cells_from_results(doc: dict) -> dict[str, TableEntry]:
         cell.counts[c["outcome"]] = cell.counts.get(c["outcome"], 0) + 1
         if c["tier"] not in cell.tiers:
             cell.tiers.append(c["tier"])
-        if c["outcome"] in ("skipped", "blocked") and c.get("reason"):
+        if c["outcome"] in (Outcome.SKIPPED, Outcome.BLOCKED) and c.get("reason"):
             reasons.setdefault(col, Counter())[c["reason"].split(";")[0][:120]] += 1
         st = (c.get("verify") or {}).get("expert_amax_state")
         if col == "second-bug" and st and st.get("saved"):
             lost.setdefault(col, []).append(f"{st['saved'] - st['restored']}/{st['saved']}")
-        if c["outcome"] in ("bug-reproduced", "unexpected-failure", "rule-unknown") and (
+        if c["outcome"] in (Outcome.BUG_REPRODUCED, Outcome.UNEXPECTED_FAILURE, Outcome.RULE_UNKNOWN) and (
                 c.get("exception_type") or c.get("failing_key")):
             # what failed, named exactly (the key with its layer/expert numbers folded)
             key = re.sub(r"\.\d+\.", ".N.", c.get("failing_key") or "")
@@ -214,7 +192,7 @@ def goldens_table(rows: dict[str, list[dict]]) -> str:
              "| --- | --- | --- | --- |"]
     for v, cells in rows.items():
         for c in cells:
-            if c["scenario"] != "gpu-golden-witness":
+            if column_of(c) != GOLDENS:
                 continue
             head = c["cell_id"].split("[", 1)[1].rstrip("]").replace("golden=", "")
             lines.append(f"| {v} | {head} | {c['outcome']} (expected {c['expected']}) | "
@@ -227,7 +205,7 @@ def cell_from_pytest(rc: int | None, output: str) -> TableEntry:
     counts = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (passed|failed|skipped|error|errors)\b", output)}
     if not counts:
         return TableEntry(note=f"pytest gave no summary (exit {rc})")
-    return TableEntry(counts, ["cpu"], "megatron-core only, modelopt not exercised")
+    return TableEntry(counts, [Tier.CPU], "megatron-core only, modelopt not exercised")
 
 
 PAIR_COLUMNS = ("witness", "second-bug", "fix", "goldens")
@@ -253,7 +231,7 @@ def render_pair_table(rows: dict[str, dict[str, TableEntry]], pairs: dict[str, t
             row = rows.get(label) if label else None
             if row is None:
                 cells.append("not run")
-            elif "witness" not in row and "import" in row and not row["import"].counts.get("pass"):
+            elif "witness" not in row and "import" in row and not row["import"].counts.get(Outcome.PASS):
                 cells.append(f"no env/import: {row['import'].note or '-'}")
             else:
                 cells.append(" / ".join(_short(row.get(c)) for c in PAIR_COLUMNS))
@@ -316,9 +294,9 @@ def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str,
     rc, out = _run([py, "-c", IMPORT_PROBE], TIMEOUTS["import"], logs / "import.log")
     if rc != 0:
         why = "timed out" if rc is None else _last_line(out)
-        cells["import"] = TableEntry({"fail": 1}, ["cpu"], why)
+        cells["import"] = TableEntry({"fail": 1}, [Tier.CPU], why)
         return cells, []  # nothing else can run in this env
-    cells["import"] = TableEntry({"pass": 1}, ["cpu"], _last_line(out).replace("modelopt ", "", 1))
+    cells["import"] = TableEntry({Outcome.PASS: 1}, [Tier.CPU], _last_line(out).replace("modelopt ", "", 1))
     cmd = [py, "-m", "harness", "--results-root", str(logs / "results"), "run", "--label",
            f"matrix-{logs.name}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
     for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in cell_set()):
@@ -396,7 +374,7 @@ def main(args) -> int:
           f"{time.time() - t0:.0f} s; {root}/matrix.md")
     bad = [v for v, cells in rows.items() if any(
         n for c in cells.values() for o, n in c.counts.items()
-        if o in ("fail", "failed", "error", "errors", "rule-unknown", *UNEXPECTED_OUTCOMES))]
+        if o in ("fail", "failed", "error", "errors", Outcome.RULE_UNKNOWN, *UNEXPECTED_OUTCOMES))]
     for v in bad:  # one line each: a nightly job goes red on a typo, a broken or an unruled pair
         print(f"matrix: error: {v}: {first_problem(rows[v])}", file=sys.stderr)
     return 1 if bad else 0
@@ -405,6 +383,6 @@ def main(args) -> int:
 def first_problem(cells: dict[str, TableEntry]) -> str:
     """The first table cell of a row that failed or could not run, as text."""
     for name, cell in cells.items():
-        if any(o not in ("pass", "passed", "skipped") for o in cell.counts):
+        if any(o not in (Outcome.PASS, "passed", Outcome.SKIPPED) for o in cell.counts):
             return f"{name}: {cell.text()}"
     return "failed"

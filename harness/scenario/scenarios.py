@@ -20,16 +20,16 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from harness.check.layouts import GoldenLayout, Restore, golden_layout_of
 from harness.check.logits import LOGITS_REFERENCES
 from harness.topology import oracle
 from harness.golden.manifest import GoldenError, verify_manifest
-from harness.model.gpt import CPU_SIZE, GPU_SIZE, ModelSize
-from harness.paths import GOLDEN_DIR, QUARANTINE_FILE, REPO_ROOT, SCENARIO_DIR
-from harness.scenario.machine import TIERS
+from harness.model.gpt import ModelSize, default_size
+from harness.paths import GOLDEN_DIR, QUARANTINE_FILE, REPO_ROOT, SCENARIO_DIR, SELECTIONS_FILE
+from harness.records import EXPECT_MODES, ExpectMode, Expected
+from harness.tiers import BACKENDS, TIERS, Backend, on_cuda
 from harness.topology.topology import Topology, TopologyError
 
-EXPECT_MODES = ("pass", "oracle")
-BACKENDS = ("te", "local")
 PATCHES = ("none", "fix")
 
 
@@ -110,7 +110,7 @@ class Cell:
         if self.golden:
             return f"golden-{self.golden}"
         base = f"{s.tier}-{s.backend}-{s.patch}-{self.save.id}"
-        if s.size == (CPU_SIZE if s.backend == "local" else GPU_SIZE):
+        if s.size == default_size(s.backend):
             return base
         import hashlib
 
@@ -134,37 +134,37 @@ class Cell:
         rank holds more than one expert.
         """
         s = self.scenario
-        if s.expect == "pass":
-            return "pass"
+        if s.expect == ExpectMode.PASS:
+            return Expected.PASS
         if not behaviour.known:
-            return "rule-unknown"  # no rule for the pair: predict nothing
+            return Expected.RULE_UNKNOWN  # no rule for the pair: predict nothing
         patched = s.patch == "fix"
-        if behaviour.cannot_save and s.backend == "te":  # every sharded_state_dict call raises
-            return "fail-load" if self.golden else "fail-save"
+        if behaviour.cannot_save and s.backend == Backend.TE:  # every sharded_state_dict call raises
+            return Expected.FAIL_LOAD if self.golden else Expected.FAIL_SAVE
         if self.golden and not patched:
             try:
                 layout = golden_layout(self.golden, s.golden_root)
             except ScenarioError as exc:  # the file that names the golden is the one to fix
                 raise ScenarioError(f"{shown_path(Path(s.source))}: goldens: {exc}", Path(s.source),
                                     s.name) from None
-            if behaviour.golden_restore.get(layout) != "restored":
-                return "not-restored"
+            if behaviour.golden_restore.get(layout) != Restore.RESTORED:
+                return Expected.NOT_RESTORED
         rule = "expert-tp" if patched else behaviour.replica_rule
-        shared = behaviour.shared_rule if s.backend == "te" else None
+        shared = behaviour.shared_rule if s.backend == Backend.TE else None
 
         def fails(topo) -> bool:
             return bool((rule and oracle.predicts_failure(topo, rule))
                         or (shared and oracle.shared_collisions(topo, shared)))
 
         if fails(self.save):
-            return "fail-save"
+            return Expected.FAIL_SAVE
         if self.load and fails(self.load):
-            return "fail-load"
-        if (self.load and not patched and s.backend == "te"
+            return Expected.FAIL_LOAD
+        if (self.load and not patched and s.backend == Backend.TE
                 and behaviour.drops_expert_amax_on_reload
                 and s.size.num_experts // self.load.ep > 1):
-            return "amax-lost"
-        return "pass"
+            return Expected.AMAX_LOST
+        return Expected.PASS
 
     @property
     def world(self) -> int:
@@ -221,9 +221,7 @@ def golden_layout(name: str, golden_dir: Path = GOLDEN_DIR) -> str:
     except Exception as exc:  # noqa: BLE001 - whatever the reader raises, one line for this golden
         raise ScenarioError(f"golden {name!r}: checkpoint metadata unreadable "
                             f"({type(exc).__name__}: {exc})") from None
-    if lay.kind == "shared":
-        return "shared"
-    return "incomplete" if lay.missing or lay.kind != "per-expert" else "complete"
+    return golden_layout_of(lay) or GoldenLayout.INCOMPLETE
 
 
 # --- the schema: what a scenario file may say ------------------------------------------------
@@ -257,7 +255,7 @@ class _ScenarioSchema(_Schema):
     tier: Literal[TIERS]
     backend: Literal[BACKENDS]
     patch: Literal[PATCHES] = "none"
-    expect: Literal[EXPECT_MODES] = "oracle"
+    expect: Literal[EXPECT_MODES] = ExpectMode.ORACLE.value
     markers: list[Annotated[str, Field(pattern=MARKER_RE)]] = []
     saves: list[str] = []
     loads: list[str] = []
@@ -405,7 +403,7 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
         problems.append("saves: required (or goldens, or pairs): without them the scenario has no cells")
     if problems:
         raise _Problems("; ".join(problems))
-    base = (CPU_SIZE if doc.backend == "local" else GPU_SIZE).as_dict()
+    base = default_size(doc.backend).as_dict()
     if doc.goldens:
         over = _golden_size(doc.goldens, golden_dir, problems)
     else:
@@ -420,7 +418,7 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
         if len(got) == 2:
             pairs.append(got)
     topos["pairs"] = tuple(pairs)
-    if doc.tier == "cpu":  # the save calibrates through megatron-core's pipeline schedule
+    if not on_cuda(doc.tier):  # the save calibrates through megatron-core's pipeline schedule
         saved = [(f"saves[{i}]", t) for i, t in enumerate(topos["saves"])]
         saved += [(f"pairs[{i}][0]", p[0]) for i, p in enumerate(pairs)]
         problems += [f"{key}: {t.id}: a save at pp > 1 calibrates through megatron-core's pipeline "
@@ -475,8 +473,9 @@ def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:
     )
 
 
-# Data files kept beside the scenarios that are not scenarios (harness/report/verdict.py reads this one).
-NOT_SCENARIOS = (QUARANTINE_FILE.name,)
+# Data files kept beside the scenarios that are not scenarios (harness/report/verdict.py and
+# harness/scenario/selections.py read them).
+NOT_SCENARIOS = (QUARANTINE_FILE.name, SELECTIONS_FILE.name)
 
 
 def load_all_with_errors(directory: Path = SCENARIO_DIR, golden_dir: Path = GOLDEN_DIR
