@@ -1,11 +1,11 @@
-"""Nightly wall time on one GPU node: packed (harness.launch.gpu_pool) vs one cell at a time.
+"""Nightly wall time on one GPU node: packed (bench/packing.py) vs one cell at a time.
 
 Why: packing is worth its complexity only if it shortens the nightly run; this turns measured
 cell durations from real results.json files into that number instead of a guess.
 
     python bench/grid.py results/*/results.json [--gpus 8] [--as-tier gpu]
 
-Each cell needs the GPUs of its tier (harness.launch.gpu_pool.gpus_needed) for the larger of its save
+Each cell needs the GPUs of its tier (harness.tiers.gpus_needed) for the larger of its save
 and load world sizes; its duration is its save plus load stage (harness.report.summary.cell_seconds).
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.launch.gpu_pool import estimate_wall, gpus_needed  # noqa: E402
+from bench.packing import estimate_wall  # noqa: E402
 from harness.report.summary import cell_seconds  # noqa: E402
-from harness.tiers import Tier  # noqa: E402
+from harness.tiers import Tier, gpus_needed  # noqa: E402
 from harness.topology.topology import Topology, TopologyError  # noqa: E402
 
 

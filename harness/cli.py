@@ -198,7 +198,7 @@ def cmd_matrix(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from harness.tiers import STAGE_MODES
-    from harness.launch.torchrun import interrupt_on_signals
+    from harness.launch.signals import interrupt_on_signals
 
     _quiet()
     interrupt_on_signals()

@@ -4,7 +4,7 @@ Why: a job holding an old checkpoint must know, before it starts, whether the re
 to loads it complete, loads it with some expert amax silently gone, or refuses it. The rule per
 release is the ``golden_restore`` of harness/check/versions.py (read there from each release's
 sources and checked by the GPU golden runs); this module only turns a checkpoint's layout
-(harness/golden/inspect.py) into that rule's key and says how a ``not-restored`` shows:
+(harness/golden/layout.py) into that rule's key and says how a ``not-restored`` shows:
 
 * shared (<= 0.46.x) checkpoint, per-expert release: ``set_extra_state`` finds no
   ``weight_quantizer.<i>`` entry (only ``weight_quantizer``) and skips it (0.48.0rc1
@@ -55,12 +55,6 @@ def expert_amax_count(lay) -> int:
     if lay.kind == CkptLayout.SHARED:
         return len(lay.shared_keys) * (lay.num_experts or 0)
     return sum(len(li.present) + len(li.missing) for li in lay.linears)
-
-
-def per_modelopt_rules():
-    """[(modelopt label, megatron-core, Behaviour)]: today's per-ModelOpt rules (versions.py),
-    each paired with the megatron-core the rule was measured with."""
-    return [(b.label, mc, b) for b in versions.KNOWN for mc in MEASURED_MEGATRON_CORE]
 
 
 def pairs():
@@ -168,7 +162,8 @@ EXAMPLES = (("0.46.x checkpoint (one shared amax per grouped linear)", "modelopt
 def advice(modelopt_version: str | None, golden_root=None) -> list[str]:
     """Verdict lines: per kind of existing checkpoint, what this release does with it and the
     command to run first (``python -m harness inspect CKPT`` says which kind a job holds)."""
-    from harness.golden.inspect import NotACheckpoint, inspect_checkpoint
+    from harness.golden.layout import inspect_checkpoint
+    from harness.golden.storage import NotACheckpoint
     from harness.paths import REPO_ROOT
 
     root = golden_root or REPO_ROOT / "tests" / "golden"

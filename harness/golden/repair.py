@@ -45,7 +45,8 @@ from pathlib import Path
 from harness.check.expect import FROM_LEGACY, amax_dtype_of, derived_amax_sources, max_calibrated_amax
 from harness.check.layouts import CkptLayout
 from harness.check.keys import EXPERT_WEIGHT, SHARED_WEIGHT_AMAX, WEIGHT_AMAX_SUFFIX
-from harness.golden.inspect import DamagedCheckpoint, NotACheckpoint, inspect_checkpoint, torch_metadata
+from harness.golden.layout import inspect_checkpoint
+from harness.golden.storage import DamagedCheckpoint, NotACheckpoint, torch_metadata
 
 # "<prefix>.experts.experts.<e>.<linear>._extra_state/shard_..." of a TEGroupedMLP expert linear
 _EXPERT_EXTRA_STATE = re.compile(

@@ -29,10 +29,10 @@ import psutil
 
 from harness.jsonfile import write_json_atomic
 from harness.tiers import STAGE_MODES, TIERS, StageMode, facts, on_cuda
-from harness.launch.torchrun import (
-    StageRun, end_session, kill_and_wait, make_stage_dirs, not_started, shutdown_signal, stage_env,
-    start_torchrun, supervise,
-)
+from harness.launch.command import make_stage_dirs, stage_env, start_torchrun
+from harness.launch.signals import shutdown_signal
+from harness.launch.teardown import end_session, kill_and_wait
+from harness.launch.torchrun import StageRun, not_started, supervise
 
 # Read by rank code at each stage: sent with every job, not part of a pool's key.
 JOB_ENV = ("HARNESS_INJECT",)

@@ -32,7 +32,8 @@ from harness.check.results_file import INCOMPLETE_LINE, is_incomplete, read_resu
 from harness.report.summary import cause
 from harness.paths import QUARANTINE_FILE
 from harness.records import Outcome
-from harness.scenario.scenarios import Cell, Scenario, load_all
+from harness.scenario.cells import Cell, Scenario
+from harness.scenario.scenarios import load_all
 from harness.topology.topology import Topology
 
 QUARANTINE = QUARANTINE_FILE

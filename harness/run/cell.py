@@ -14,12 +14,13 @@ from harness.check import judge
 from harness.check.versions import installed_modelopt
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.pool import POOLS, PoolKey, stage_mode
-from harness.launch.torchrun import run_stage, shutdown_signal
+from harness.launch.signals import shutdown_signal
+from harness.launch.torchrun import run_stage
 from harness.paths import GOLDEN_DIR, safe_name
 from harness.rank.spec import StageSpec
 from harness.records import CellRecord, StageResult
 from harness.run.results import write_record
-from harness.scenario.scenarios import Cell
+from harness.scenario.cells import Cell
 from harness.tiers import StageMode, facts
 
 
@@ -70,9 +71,9 @@ def prepare_golden(name: str, save_dir: Path, golden_root: Path = GOLDEN_DIR) ->
     import time
 
     from harness.check.expect import expected_state, read_checkpoint_tensors, write_reference
-    from harness.golden.inspect import inspect_checkpoint
+    from harness.golden.layout import inspect_checkpoint
     from harness.golden.manifest import copy_to_temp
-    from harness.scenario.scenarios import golden_topology
+    from harness.scenario.goldens import golden_topology
 
     start = time.monotonic()
     save_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from harness.scenario.machine import tier_skip_reason, versions
 from harness.launch.pool import POOLS, stage_mode
-from harness.launch.torchrun import shutdown_signal
+from harness.launch.signals import shutdown_signal
 from harness.paths import safe_name
 from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome
 from harness.run.cell import new_record, run_cell

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 from harness.model.gpt import ModelSize, default_size
 from harness.records import ExpectMode
-from harness.scenario.scenarios import Scenario, load_all
+from harness.scenario.cells import Scenario
+from harness.scenario.scenarios import load_all
 from harness.tiers import Backend, Tier, facts
 from harness.topology.topology import Topology, enumerate_topologies
 
