@@ -9,6 +9,8 @@ holds and judge nothing themselves.
 from __future__ import annotations
 
 import re
+from dataclasses import fields
+from typing import Mapping
 
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
 from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, topology_finding
@@ -273,25 +275,25 @@ _OUTCOME_FIELDS = ("outcome", "failed_stage", "exception_type", "message", "fail
                    "first_failure_rank", "secondary_errors", "reason", "finding")
 
 
-def stages_from_record(rec: dict, cell) -> tuple[StageResult | None, StageResult | None, str | None]:
+def stages_from_record(rec: CellRecord, cell) -> tuple[StageResult | None, StageResult | None, str | None]:
     """(save, load, stopped) as the record's stages reported them, from what it kept: the first
     failure's type, message, key and rank; rank 0's verify figures; the versions the ranks
     imported. Enough for ``judge_cell`` to judge it again."""
-    env = {"nvidia-modelopt": rec["modelopt"]} if rec.get("modelopt") else {}
-    outcome, failed = rec.get("outcome"), rec.get("failed_stage")
+    env = {"nvidia-modelopt": rec.modelopt} if rec.modelopt else {}
+    outcome, failed = rec.outcome, rec.failed_stage
 
     def stage(name: str, ok: bool, **kw) -> StageResult:
         return StageResult(stage=name, ok=ok, wall_s=0.0, environment=env, **kw)
 
     def failure(name: str) -> StageResult:
-        cause = StageCause(rank=rec.get("first_failure_rank"), kind=CauseKind.EXCEPTION,
-                           exc_type=rec.get("exception_type"), message=rec.get("message") or "",
-                           key=rec.get("failing_key"))
-        return stage(name, False, cause=cause, secondaries=list(rec.get("secondary_errors") or []),
-                     timed_out="timed out" in (rec.get("reason") or ""))
+        cause = StageCause(rank=rec.first_failure_rank, kind=CauseKind.EXCEPTION,
+                           exc_type=rec.exception_type, message=rec.message or "",
+                           key=rec.failing_key)
+        return stage(name, False, cause=cause, secondaries=list(rec.secondary_errors),
+                     timed_out="timed out" in (rec.reason or ""))
 
     if outcome == Outcome.INTERRUPTED:
-        named = re.search(r"SIG[A-Z]+", rec.get("reason") or "")
+        named = re.search(r"SIG[A-Z]+", rec.reason or "")
         signal = named.group(0) if named else "SIGINT"
         if not failed:
             return None, None, signal
@@ -307,57 +309,60 @@ def stages_from_record(rec: dict, cell) -> tuple[StageResult | None, StageResult
         return stage(save_name, True), None, None
     if failed == "load":
         return stage(save_name, True), failure("load"), None
-    return stage(save_name, True), stage("load", True, rank_results={"0": {"verify": rec.get("verify") or {}}}), None
+    return stage(save_name, True), stage("load", True, rank_results={"0": {"verify": rec.verify}}), None
 
 
-def rejudge_record(rec: dict, cell) -> dict:
+def rejudge_record(rec: CellRecord | Mapping, cell) -> dict:
     """``rec`` (a results.json cell) judged again by ``judge_cell`` under today's rules.
 
     ``cell``: the scenario cell it was recorded for (its expectation and known gaps), or None
     when no scenario has it any more: then its recorded expectation stands."""
+    raw = rec.as_dict() if isinstance(rec, CellRecord) else dict(rec)
+    rec = CellRecord.of(rec)
     facts = _RecordedCell(rec) if cell is None else cell
     if not _rejudgeable(rec, facts):
-        return dict(rec)  # it kept none of what it was judged from: the record stands
+        return raw  # it kept none of what it was judged from: the record stands
     sc = facts.scenario
     known = {"scenario": sc.name, "cell_id": facts.id, "tier": sc.tier,
              "backend": getattr(sc, "backend", Backend.TE), "save_topology": facts.save.id,
              "load_topology": facts.load.id if facts.load else None, "patch": sc.patch,
-             "expected": rec.get("expected") or ""}
-    new = CellRecord(**{**known, **{k: v for k, v in rec.items() if k in CellRecord.__dataclass_fields__
-                                    and k not in _OUTCOME_FIELDS}})
+             "expected": rec.expected}
+    kept = {f.name: getattr(rec, f.name) for f in fields(CellRecord)
+            if f.name not in _OUTCOME_FIELDS and f.name in raw}
+    new = CellRecord(**{**known, **kept})
     new.verify = {}
     save, load, stopped = stages_from_record(rec, facts)
     judge_cell(new, facts, save, load, stopped)
     if cell is None:
-        new.expected = rec.get("expected", new.expected)
-    if rec.get("outcome") == Outcome.SKIPPED:  # nothing ran: the recorded reason stands
-        new.reason = rec.get("reason")
-    out = {**rec, **new.as_dict()}
-    if not new.verify and rec.get("verify"):
-        out["verify"] = rec["verify"]  # a failed stage reports no figures: keep what was recorded
+        new.expected = rec.expected if "expected" in raw else new.expected
+    if rec.outcome == Outcome.SKIPPED:  # nothing ran: the recorded reason stands
+        new.reason = rec.reason
+    out = {**raw, **new.as_dict()}
+    if not new.verify and rec.verify:
+        out["verify"] = rec.verify  # a failed stage reports no figures: keep what was recorded
     return out
 
 
-def _rejudgeable(rec: dict, cell) -> bool:
+def _rejudgeable(rec: CellRecord, cell) -> bool:
     """Whether the record kept what its outcome was decided from: a load that ran its verify
     figures, a failure its failed stage (hand-written or truncated records may keep neither)."""
-    outcome = rec.get("outcome")
+    outcome = rec.outcome
     if outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.BLOCKED):
         return True
-    if rec.get("failed_stage") == "verify" or (outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) and cell.load):
-        return bool(rec.get("verify"))
-    return outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) or bool(rec.get("failed_stage"))
+    if rec.failed_stage == "verify" or (outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) and cell.load):
+        return bool(rec.verify)
+    return outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) or bool(rec.failed_stage)
 
 
 class _RecordedCell:
     """A recorded cell no scenario holds now: its own record stands in for the scenario."""
 
-    def __init__(self, rec: dict):
+    def __init__(self, rec: CellRecord):
         from harness.topology.topology import Topology
 
-        self.id, self.golden, self._expected = rec["cell_id"], "", rec.get("expected") or Expected.PASS
-        self.save = Topology.parse(rec["save_topology"])
-        self.load = Topology.parse(rec["load_topology"]) if rec.get("load_topology") else None
+        self.id, self.golden, self._expected = rec.cell_id, "", rec.expected or Expected.PASS
+        self.save = Topology.parse(rec.save_topology)
+        self.load = Topology.parse(rec.load_topology) if rec.load_topology else None
         self.scenario = _RecordedScenario(rec)
 
     def expected_under(self, _behaviour) -> str:
@@ -365,6 +370,6 @@ class _RecordedCell:
 
 
 class _RecordedScenario:
-    def __init__(self, rec: dict):
-        self.name, self.tier, self.patch, self.known_gaps = rec["scenario"], rec["tier"], rec["patch"], ()
-        self.backend = rec.get("backend", Backend.TE)
+    def __init__(self, rec: CellRecord):
+        self.name, self.tier, self.patch, self.known_gaps = rec.scenario, rec.tier, rec.patch, ()
+        self.backend = rec.backend

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.paths import REPO_ROOT
-from harness.records import UNEXPECTED_OUTCOMES, Expected, Outcome
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Expected, Outcome, RunResults
 from harness.scenario import selections
 from harness.tiers import Tier
 
@@ -117,10 +117,11 @@ def pair_label(modelopt: str, mcore: str) -> str:
     return f"modelopt {modelopt} + mcore {mcore}"
 
 
-def column_of(record: dict) -> str:
+def column_of(record: CellRecord | dict) -> str:
     """Which matrix column a cell record counts in."""
-    col = SCENARIO_COLUMN.get(record["scenario"], record["scenario"])
-    if col == "witness" and record.get("load_topology") and record.get("expected") in (
+    record = CellRecord.of(record)
+    col = SCENARIO_COLUMN.get(record.scenario, record.scenario)
+    if col == "witness" and record.load_topology and record.expected in (
             Expected.AMAX_LOST, Expected.PASS) and _holds_several_experts(record):
         return "second-bug"
     return col
@@ -134,11 +135,11 @@ def _scenario_sizes() -> dict:
     return {s.name: s.size for s in load_all()}
 
 
-def _holds_several_experts(record: dict) -> bool:
+def _holds_several_experts(record: CellRecord) -> bool:
     from harness.topology.topology import Topology
 
-    size = _scenario_sizes().get(record["scenario"])
-    return bool(size) and size.num_experts // Topology.parse(record["load_topology"]).ep > 1
+    size = _scenario_sizes().get(record.scenario)
+    return bool(size) and size.num_experts // Topology.parse(record.load_topology).ep > 1
 
 
 def cells_from_results(doc: dict) -> dict[str, TableEntry]:
@@ -146,22 +147,22 @@ def cells_from_results(doc: dict) -> dict[str, TableEntry]:
     out: dict[str, TableEntry] = {}
     reasons: dict[str, Counter] = {}
     lost: dict[str, list[str]] = {}
-    for c in doc.get("cells", []):
+    for c in RunResults.of(doc).cells:
         col = column_of(c)
         cell = out.setdefault(col, TableEntry())
-        cell.counts[c["outcome"]] = cell.counts.get(c["outcome"], 0) + 1
-        if c["tier"] not in cell.tiers:
-            cell.tiers.append(c["tier"])
-        if c["outcome"] in (Outcome.SKIPPED, Outcome.BLOCKED) and c.get("reason"):
-            reasons.setdefault(col, Counter())[c["reason"].split(";")[0][:120]] += 1
-        st = (c.get("verify") or {}).get("expert_amax_state")
+        cell.counts[c.outcome] = cell.counts.get(c.outcome, 0) + 1
+        if c.tier not in cell.tiers:
+            cell.tiers.append(c.tier)
+        if c.outcome in (Outcome.SKIPPED, Outcome.BLOCKED) and c.reason:
+            reasons.setdefault(col, Counter())[c.reason.split(";")[0][:120]] += 1
+        st = c.verified.expert_amax_state
         if col == "second-bug" and st and st.get("saved"):
             lost.setdefault(col, []).append(f"{st['saved'] - st['restored']}/{st['saved']}")
-        if c["outcome"] in (Outcome.BUG_REPRODUCED, Outcome.UNEXPECTED_FAILURE, Outcome.RULE_UNKNOWN) and (
-                c.get("exception_type") or c.get("failing_key")):
+        if c.outcome in (Outcome.BUG_REPRODUCED, Outcome.UNEXPECTED_FAILURE, Outcome.RULE_UNKNOWN) and (
+                c.exception_type or c.failing_key):
             # what failed, named exactly (the key with its layer/expert numbers folded)
-            key = re.sub(r"\.\d+\.", ".N.", c.get("failing_key") or "")
-            exc = (c.get("exception_type") or "error").rsplit(".", 1)[-1]
+            key = re.sub(r"\.\d+\.", ".N.", c.failing_key or "")
+            exc = (c.exception_type or "error").rsplit(".", 1)[-1]
             reasons.setdefault(col, Counter())[f"{exc}" + (f" on {key}" if key else "")] += 1
     for col, r in reasons.items():
         out[col].note = "; ".join(k for k, _ in r.most_common(2))
@@ -170,18 +171,18 @@ def cells_from_results(doc: dict) -> dict[str, TableEntry]:
     return out
 
 
-def _held(record: dict) -> str:
+def _held(record: CellRecord) -> str:
     """One line: the load's refusal (exception, key) or what the model holds after it."""
     from harness.launch.failures import failing_key
     from harness.check.judge import held_after_load
 
-    if record.get("verify"):
-        return held_after_load(record["verify"])
-    message = record.get("message") or record.get("reason") or ""
-    if record.get("failed_stage") != "load":
+    if record.verify:
+        return held_after_load(record.verify)
+    message = record.message or record.reason or ""
+    if record.failed_stage != "load":
         return message.splitlines()[0][:160] if message else ""
-    exc = (record.get("exception_type") or "error").rsplit(".", 1)[-1]
-    key = record.get("failing_key") or failing_key(message)
+    exc = (record.exception_type or "error").rsplit(".", 1)[-1]
+    key = record.failing_key or failing_key(message)
     first = message.strip().splitlines()[0][:120] if message.strip() else ""
     return f"load refused: {exc}" + (f" on `{key}`" if key else f": {first}")
 
@@ -191,11 +192,11 @@ def goldens_table(rows: dict[str, list[dict]]) -> str:
     lines = ["| modelopt | golden -> load | outcome | what the model holds after the load |",
              "| --- | --- | --- | --- |"]
     for v, cells in rows.items():
-        for c in cells:
+        for c in map(CellRecord.of, cells):
             if column_of(c) != GOLDENS:
                 continue
-            head = c["cell_id"].split("[", 1)[1].rstrip("]").replace("golden=", "")
-            lines.append(f"| {v} | {head} | {c['outcome']} (expected {c['expected']}) | "
+            head = c.cell_id.split("[", 1)[1].rstrip("]").replace("golden=", "")
+            lines.append(f"| {v} | {head} | {c.outcome} (expected {c.expected}) | "
                          f"{_held(c)} |")
     return "\n".join(lines)
 
