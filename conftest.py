@@ -48,7 +48,7 @@ def _own_gpus(config) -> None:
     With fewer GPUs than workers the workers share them (cells then run on gpu-shared, or skip
     with the reason when they need one GPU per rank).
     """
-    from harness.launch.gpu_pool import visible_gpus, worker_visible_devices
+    from harness.launch.gpus import visible_gpus, worker_visible_devices
 
     gpus = config.workerinput["harness_gpus"]
     workers = int(config.workerinput["workercount"])
@@ -60,7 +60,7 @@ def _own_gpus(config) -> None:
 
 
 def pytest_configure(config):
-    from harness.launch.torchrun import exit_cleanly_on_sigterm
+    from harness.launch.signals import exit_cleanly_on_sigterm
 
     exit_cleanly_on_sigterm()
     if hasattr(config, "workerinput"):  # xdist worker: the controller's run dir, own GPUs
@@ -147,7 +147,7 @@ def pytest_sessionfinish(session):
         from harness.scenario.machine import versions
         from harness.run.results import collect
 
-        from harness.launch.torchrun import shutdown_signal
+        from harness.launch.signals import shutdown_signal
 
         collect(run, versions(), interrupted=shutdown_signal())
     elif run.is_dir() and not any(run.iterdir()):  # no cell ran: leave no empty run dir

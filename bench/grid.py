@@ -1,11 +1,11 @@
-"""Nightly wall time on one GPU node: packed (harness.launch.gpu_pool) vs one cell at a time.
+"""Nightly wall time on one GPU node: packed (bench/packing.py) vs one cell at a time.
 
 Why: packing is worth its complexity only if it shortens the nightly run; this turns measured
 cell durations from real results.json files into that number instead of a guess.
 
     python bench/grid.py results/*/results.json [--gpus 8] [--as-tier gpu]
 
-Each cell needs the GPUs of its tier (harness.launch.gpu_pool.gpus_needed) for the larger of its save
+Each cell needs the GPUs of its tier (harness.tiers.gpus_needed) for the larger of its save
 and load world sizes; its duration is its save plus load stage (harness.report.summary.cell_seconds).
 """
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.launch.gpu_pool import estimate_wall, gpus_needed  # noqa: E402
+from bench.packing import estimate_wall  # noqa: E402
 from harness.report.summary import cell_seconds  # noqa: E402
+from harness.tiers import Tier, gpus_needed  # noqa: E402
 from harness.topology.topology import Topology, TopologyError  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def jobs(paths: list[str], as_tier: str | None = None) -> list[tuple[int, float]
     for path in paths:
         for cell in json.loads(Path(path).read_text()).get("cells") or []:
             ranks = max(world_size(cell.get("save_topology")), world_size(cell.get("load_topology")), 1)
-            tier = as_tier or cell.get("tier", "gpu")
+            tier = as_tier or cell.get("tier", Tier.GPU)
             out.append((gpus_needed(tier, ranks), cell_seconds(cell)))
     return out
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+", help="results.json files with measured durations")
     ap.add_argument("--gpus", type=int, default=8, help="GPUs on the node (default 8)")
-    ap.add_argument("--as-tier", choices=("gpu", "gpu-shared"),
+    ap.add_argument("--as-tier", choices=(Tier.GPU, Tier.GPU_SHARED),
                     help="count every cell as this tier (e.g. gpu-shared timings replayed as gpu)")
     args = ap.parse_args(argv)
     work = jobs(args.results, args.as_tier)

@@ -28,7 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-MODES = ("fresh", "pool")
+from harness.records import Outcome  # noqa: E402
+from harness.scenario.selections import bench_choice  # noqa: E402
+from harness.tiers import STAGE_MODES as MODES  # noqa: E402
 
 
 def cells(scenario: str, n: int) -> list:
@@ -63,7 +65,7 @@ def stage_rows(doc: dict, mode: str, must_pass: bool = True) -> dict:
     not pass stops the bench; else (recorded runs) every stage that ran is a row."""
     rows = {}
     for c in doc["cells"]:
-        if must_pass and c["outcome"] != "pass":
+        if must_pass and c["outcome"] != Outcome.PASS:
             raise SystemExit(f"{mode}: {c['cell_id']} {c['outcome']}: {(c['message'] or '')[:300]}")
         d, save, load = c["durations"], f"{c['scenario']} {c['save_topology']}", c["load_topology"]
         if "save_stage" in d:  # a golden cell has none
@@ -110,7 +112,7 @@ def main() -> int:
 
     warnings.filterwarnings("ignore")
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--scenario", default="cpu-reshard")
+    p.add_argument("--scenario", default=bench_choice("pool"))
     p.add_argument("--cells", type=int, default=3, help="load cells of the scenario (plus its saves)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--jobs", type=int, default=1, help="cells of a phase at once")

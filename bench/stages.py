@@ -18,7 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-CELL = "cpu-reshard[save=tp1-etp1-ep2-pp1,load=tp1-etp1-ep4-pp1]"
+from harness.records import Outcome  # noqa: E402
+from harness.scenario.selections import bench_choice  # noqa: E402
+
+CELL = bench_choice("stages")  # scenarios/selections.toml
 
 
 def one_cell(root: Path) -> dict:
@@ -28,7 +31,7 @@ def one_cell(root: Path) -> dict:
     with open("/dev/null", "w") as quiet:
         doc = run_cells(select_cells(load_all(), [CELL]), root, "bench", out=quiet)
     cell = next(c for c in doc["cells"] if c["load_topology"])
-    if cell["outcome"] != "pass":
+    if cell["outcome"] != Outcome.PASS:
         raise SystemExit(f"bench cell did not pass: {cell['outcome']} {cell['message']}")
     return cell["durations"]
 

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from harness.paths import RESULTS_DIR
-from harness.scenario.machine import TIERS
+from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 
 def _quiet() -> None:
@@ -197,8 +197,8 @@ def cmd_matrix(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.launch.pool import STAGE_MODES
-    from harness.launch.torchrun import interrupt_on_signals
+    from harness.tiers import STAGE_MODES
+    from harness.launch.signals import interrupt_on_signals
 
     _quiet()
     interrupt_on_signals()
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="rank budget: no topology needs more (default 8: one H200 over gloo)")
     sm.add_argument("--loads-per-save", type=bounded_int(1, 16), default=1,
                     help="loads drawn per (save topology, model size): cells sharing a save share its stage")
-    sm.add_argument("--tier", choices=TIERS, default="gpu-shared")
+    sm.add_argument("--tier", choices=TIERS, default=Tier.GPU_SHARED)
     sm.add_argument("--patch", choices=("none", "fix"), default="none")
     sm.add_argument("--list", action="store_true", help="print the drawn cells, run nothing")
     sm.add_argument("--jobs", type=bounded_int(1, 64), default=1, help="cells at once per phase")
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
 
     d = sub.add_parser("dump-metadata", help="record sharded-state-dict metadata of a topology")
     d.add_argument("--topology", required=True)
-    d.add_argument("--tier", default="gpu-shared", choices=TIERS)
-    d.add_argument("--backend", default="te", choices=("te", "local"))
+    d.add_argument("--tier", default=Tier.GPU_SHARED, choices=TIERS)
+    d.add_argument("--backend", default=Backend.TE, choices=BACKENDS)
     d.add_argument("--patch", default="none", choices=("none", "fix"))
     d.add_argument("--out", required=True)
     d.set_defaults(fn=cmd_dump)
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     gm.add_argument("dir")
     gm.add_argument("--topology", required=True)
     gm.add_argument("--validate-sharding", choices=("true", "false"), default="true")
-    gm.add_argument("--tier", default="gpu-shared", choices=TIERS)
+    gm.add_argument("--tier", default=Tier.GPU_SHARED, choices=TIERS)
     gm.add_argument("--notes", default="")
     gw = gsub.add_parser("write", help="manifest for a checkpoint made elsewhere")
     gw.add_argument("dir")

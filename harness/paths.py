@@ -7,6 +7,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = REPO_ROOT / "scenarios"
 QUARANTINE_FILE = SCENARIO_DIR / "quarantine.toml"
+SELECTIONS_FILE = SCENARIO_DIR / "selections.toml"
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
 RESULTS_DIR = Path("results")  # relative to the working directory, like every CLI default
 

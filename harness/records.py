@@ -7,20 +7,64 @@ judged by harness/check/judge.py. A cell record is one entry of results.json
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
+from typing import Any, Mapping
 
-OUTCOMES = ("pass", "bug-reproduced", "unexpected-failure", "unexpected-pass", "blocked", "skipped",
-            "interrupted", "rule-unknown")
-# The (nvidia-modelopt, megatron-core) pair has no rule (harness/check/versions.py): what ran is
-# recorded, nothing was predicted, so it is neither good nor unexpected.
-RULE_UNKNOWN = "rule-unknown"
+from harness.tiers import Backend
+
+
+class Outcome(StrEnum):
+    """What a cell came to (harness/check/judge.py decides it)."""
+
+    PASS = "pass"
+    BUG_REPRODUCED = "bug-reproduced"  # the bug the pair's rule predicts, where it predicts it
+    UNEXPECTED_FAILURE = "unexpected-failure"
+    UNEXPECTED_PASS = "unexpected-pass"  # the predicted bug no longer reproduces
+    BLOCKED = "blocked"  # its save failed as expected: the load was not run
+    SKIPPED = "skipped"
+    # The controller was stopped (Ctrl-C, CI cancel) while the cell ran or before it started: says
+    # nothing about the product; the run's results.json is then marked incomplete.
+    INTERRUPTED = "interrupted"
+    # The (nvidia-modelopt, megatron-core) pair has no rule (harness/check/versions.py): what ran is
+    # recorded, nothing was predicted, so it is neither good nor unexpected.
+    RULE_UNKNOWN = "rule-unknown"
+
+
+class Expected(StrEnum):
+    """What a cell is expected to do under the rule of its pair (harness/scenario/cells.py)."""
+
+    PASS = "pass"
+    FAIL_SAVE = "fail-save"  # the save's validation collides
+    FAIL_LOAD = "fail-load"  # the load's validation collides
+    AMAX_LOST = "amax-lost"  # the second bug: per-expert amax gone after load_state_dict
+    NOT_RESTORED = "not-restored"  # an unpatched golden this release cannot restore
+    RULE_UNKNOWN = "rule-unknown"  # the pair has no rule: nothing is predicted
+
+
+class ExpectMode(StrEnum):
+    """A scenario's ``expect``: how its cells get their expectation."""
+
+    PASS = "pass"  # every cell is expected to pass
+    ORACLE = "oracle"  # the pair's rule decides per cell
+
+
+class CauseKind(StrEnum):
+    """How a stage's first failure showed (harness/launch/failures.py)."""
+
+    EXCEPTION = "exception"
+    SIGNAL = "signal"
+    EXIT = "exit"
+    TIMEOUT = "timeout"
+    HANG = "hang"
+
+
+EXPECT_MODES = tuple(m.value for m in ExpectMode)
+OUTCOMES = tuple(Outcome)
 # The harness saw what it expected.
-GOOD_OUTCOMES = ("pass", "bug-reproduced")
+GOOD_OUTCOMES = (Outcome.PASS, Outcome.BUG_REPRODUCED)
 # The run fails: the world differs from what the installed ModelOpt's rules predict.
-UNEXPECTED_OUTCOMES = ("unexpected-failure", "unexpected-pass")
-# The controller was stopped (Ctrl-C, CI cancel) while the cell ran or before it started: says
-# nothing about the product; the run's results.json is then marked incomplete.
-INTERRUPTED = "interrupted"
+UNEXPECTED_OUTCOMES = (Outcome.UNEXPECTED_FAILURE, Outcome.UNEXPECTED_PASS)
 
 
 @dataclass
@@ -28,7 +72,7 @@ class StageCause:
     """The first failure of a stage (harness/launch/failures.py decides which one is first)."""
 
     rank: int | None
-    kind: str  # exception | signal | exit | timeout | hang
+    kind: str  # a CauseKind
     exc_type: str | None
     message: str
     key: str | None  # the checkpoint key named in the error, if any
@@ -73,7 +117,7 @@ class CellRecord:
     load_topology: str | None
     patch: str
     expected: str
-    outcome: str = "skipped"
+    outcome: str = Outcome.SKIPPED
     failed_stage: str | None = None
     exception_type: str | None = None
     message: str | None = None
@@ -100,3 +144,85 @@ class CellRecord:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], **defaults) -> "CellRecord":
+        """A results.json cell of any age, THE reader of recorded cells: a field it lacks takes
+        ``defaults`` (e.g. the run's tier), else its default; a field no longer written is
+        dropped. Reports, the verdict, the matrix and equivalence read cells through it."""
+        known = {f.name for f in fields(cls)}
+        base = {"scenario": "", "cell_id": "", "tier": "", "backend": Backend.TE, "save_topology": "",
+                "load_topology": None, "patch": "", "expected": ""}
+        given = {k: v for k, v in doc.items() if k in known}
+        rec = cls(**{**base, **defaults, **given})
+        rec.durations, rec.memory = dict(rec.durations or {}), dict(rec.memory or {})
+        rec.verify, rec.secondary_errors = dict(rec.verify or {}), list(rec.secondary_errors or [])
+        return rec
+
+    @classmethod
+    def of(cls, rec: "CellRecord | Mapping[str, Any]", **defaults) -> "CellRecord":
+        """``rec`` as a CellRecord (a recorded dict is read by ``from_json``)."""
+        return rec if isinstance(rec, cls) else cls.from_json(rec, **defaults)
+
+    @property
+    def verified(self) -> "Verify":
+        return Verify.from_json(self.verify)
+
+
+@dataclass(frozen=True)
+class Verify:
+    """A load's verify figures (rank 0's measurements, judged: docs/ARCHITECTURE.md), typed where
+    the read side uses them; ``figures`` keeps every figure as recorded."""
+
+    figures: dict = field(default_factory=dict)
+    mismatch_count: int = 0
+    mismatches: Any = ()  # the first differing tensors (a count in records before 2026-12)
+    missing_keys: Any = ()
+    unexpected_keys: Any = ()
+    expert_amax_state: dict = field(default_factory=dict)  # saved, restored, absent, ...
+    logits_effect: dict | None = None
+    cross_topology: dict = field(default_factory=dict)  # rel_diff, routing_flips, noise_floor, ...
+    logits_rel_diff: float | None = None
+    logits_asserted: str | None = None
+    logits_ok: bool | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any] | None) -> "Verify":
+        doc = dict(doc or {})
+        typed = {f.name: doc[f.name] for f in fields(cls) if f.name != "figures" and doc.get(f.name) is not None}
+        return cls(figures=doc, **typed)
+
+    def __bool__(self) -> bool:
+        return bool(self.figures)
+
+
+@dataclass
+class RunResults:
+    """One results.json (docs/ARCHITECTURE.md), read through ``from_json``; its cells are
+    CellRecords (a cell lacking a tier takes the run's)."""
+
+    run_id: str = "?"
+    created: str = "unknown"
+    versions: dict = field(default_factory=dict)
+    tier: str | None = None
+    cells: list[CellRecord] = field(default_factory=list)
+    incomplete: bool = False
+    interrupted_by: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "RunResults":
+        known = {f.name for f in fields(cls)} - {"cells"}
+        given = {k: v for k, v in doc.items() if k in known and v is not None}
+        run = cls(**given)
+        run.versions = dict(run.versions or {})
+        run.incomplete = doc.get("incomplete") is True
+        run.cells = [CellRecord.of(c, tier=doc.get("tier")) for c in doc.get("cells") or []]
+        return run
+
+    @classmethod
+    def of(cls, doc: "RunResults | Mapping[str, Any]") -> "RunResults":
+        return doc if isinstance(doc, cls) else cls.from_json(doc)
+
+    def version(self, dist: str) -> str | None:
+        """The version of ``dist`` (``nvidia-modelopt``, ``megatron-core``, ...) the run recorded."""
+        return self.versions.get(dist) or None

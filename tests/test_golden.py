@@ -84,7 +84,7 @@ def test_copy_to_temp_refuses_a_bad_golden(golden, tmp_path):
 
 @pytest.mark.cpu
 def test_inspector_reads_the_copy(golden, tmp_path):
-    from harness.golden.inspect import inspect_checkpoint
+    from harness.golden.layout import inspect_checkpoint
 
     lay = inspect_checkpoint(copy_to_temp(golden, into=tmp_path) / "ckpt")
     assert lay.kind == "per-expert" and lay.num_experts == 8 and lay.missing == {}
@@ -101,6 +101,6 @@ def test_committed_goldens_verify(golden_dir, tmp_path):
     copy = copy_to_temp(golden_dir, into=tmp_path)
     doc = verify_manifest(copy)
     if doc.get("layout"):
-        from harness.golden.inspect import inspect_checkpoint
+        from harness.golden.layout import inspect_checkpoint
 
         assert inspect_checkpoint(copy / "ckpt").kind == doc["layout"]

@@ -12,7 +12,8 @@ import pytest
 
 from harness.records import StageCause, StageResult
 from harness.run import cell as runner
-from harness.scenario.scenarios import ScenarioError, golden_layout, load_all, load_scenario
+from harness.scenario.goldens import golden_layout
+from harness.scenario.scenarios import ScenarioError, load_all, load_scenario
 
 pytestmark = pytest.mark.cpu
 A, B, C = ("modelopt-0.46.1-tp1-etp1-ep8", "modelopt-0.47.0-tp1-etp1-ep8",

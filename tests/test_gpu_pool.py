@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.launch.gpu_pool import (
-    Assignment,
-    CellDemand,
-    estimate_wall,
-    gpus_needed,
-    plan_schedule,
-    visible_gpus,
-    worker_visible_devices,
-)
+from bench.packing import Assignment, CellDemand, estimate_wall, plan_schedule
+from harness.launch.gpus import visible_gpus, worker_visible_devices
+from harness.tiers import gpus_needed
 
 pytestmark = pytest.mark.cpu
 

@@ -16,7 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.golden.inspect import PER_EXPERT, classify, inspect_checkpoint, main
+from harness.check.keys import PER_EXPERT_WEIGHT_AMAX as PER_EXPERT
+from harness.golden.inspect import main
+from harness.golden.layout import classify, inspect_checkpoint
 from harness.launch.torchrun import run_stage
 
 RECORDED = Path(__file__).parent / "data" / "recorded"

@@ -72,7 +72,7 @@ def test_load_topology_figures_count_flips_between_the_passes():
 
 @pytest.mark.cpu
 def test_stage_env_fixes_the_cublas_workspace_unless_the_user_did(tmp_path, monkeypatch):
-    from harness.launch.torchrun import stage_env
+    from harness.launch.command import stage_env
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     assert stage_env("load", tmp_path, 10, None, None)["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

@@ -10,7 +10,7 @@ import pytest
 from harness.check import judge
 from harness.check import versions as V
 from harness.golden.forecast import REFUSED, advice, forecast
-from harness.golden.inspect import inspect_checkpoint
+from harness.golden.layout import inspect_checkpoint
 from harness.paths import REPO_ROOT
 from harness.records import CellRecord, StageCause, StageResult
 from harness.scenario.scenarios import load_all

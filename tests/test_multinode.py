@@ -7,7 +7,8 @@ import time
 import psutil
 import pytest
 
-from harness.launch.torchrun import node_command, run_stage
+from harness.launch.nodes import node_command
+from harness.launch.torchrun import run_stage
 
 pytestmark = pytest.mark.cpu
 

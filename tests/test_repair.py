@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from harness.golden import forecast, repair, synthetic
-from harness.golden.inspect import inspect_checkpoint
+from harness.golden.layout import inspect_checkpoint
 from harness.golden.manifest import copy_to_temp, verify_manifest
 from harness.scenario.scenarios import GOLDEN_DIR
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from harness.check.layouts import CkptLayout
 from harness.check.keys import EXPERT_WEIGHT, WEIGHT_AMAX_SUFFIX, shared_weight_amax_key, weight_amax_key
 
 
@@ -86,11 +87,11 @@ def amax_dtype_of(dtypes) -> torch.dtype:
     return dtypes.pop() if len(dtypes) == 1 else torch.bfloat16
 
 
-def expected_state(stored: dict[str, torch.Tensor], runtime_layout: str = "per-expert") -> Expectation:
+def expected_state(stored: dict[str, torch.Tensor], runtime_layout: str = CkptLayout.PER_EXPERT) -> Expectation:
     """``runtime_layout``: that of the modelopt that will load it (harness/check/versions.py). A
     shared-layout modelopt (<= 0.46) has no per-expert amax: it must load the stored tensors
     as they are, nothing derived."""
-    if runtime_layout == "shared":
+    if runtime_layout == CkptLayout.SHARED:
         return Expectation(tensors=dict(stored))
     exp = Expectation(tensors={})
     amax_dtype = amax_dtype_of(v.dtype for k, v in stored.items() if k.endswith(WEIGHT_AMAX_SUFFIX))

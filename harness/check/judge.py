@@ -9,12 +9,15 @@ holds and judge nothing themselves.
 from __future__ import annotations
 
 import re
+from dataclasses import fields
+from typing import Mapping
 
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
 from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, topology_finding
 from harness.check import versions
 from harness.check.versions import installed_mcore, plugin_problem
-from harness.records import INTERRUPTED, RULE_UNKNOWN, CellRecord, StageCause, StageResult
+from harness.records import CauseKind, CellRecord, Expected, Outcome, StageCause, StageResult
+from harness.tiers import Backend, on_cuda
 
 
 def rules_for(modelopt: str | None, mcore: str | None = None):
@@ -39,7 +42,7 @@ def judge_cell(rec: CellRecord, cell, save: StageResult | None, load: StageResul
         if stopped:
             interrupted(rec, None, stopped)
         else:
-            rec.outcome, rec.reason = "skipped", skip or "not run"
+            rec.outcome, rec.reason = Outcome.SKIPPED, skip or "not run"
     elif save.interrupted:
         interrupted(rec, save, save.interrupted)
     elif cell.load is None:
@@ -47,7 +50,7 @@ def judge_cell(rec: CellRecord, cell, save: StageResult | None, load: StageResul
     elif not save.ok:
         blocked(rec, save, cell.save.id)
     elif load is None:
-        rec.outcome, rec.reason = "skipped", "load stage not run"
+        rec.outcome, rec.reason = Outcome.SKIPPED, "load stage not run"
     elif load.interrupted:
         interrupted(rec, load, load.interrupted)
     else:
@@ -107,7 +110,7 @@ def version_skip_reason(cell, behaviour, modelopt: str | None, mcore: str | None
                 f"with megatron-core {'/'.join(SUPPORTED_MCORE_VERSIONS)}; {modelopt} is "
                 f"installed with megatron-core {mcore} (a fixed release needs no "
                 "patch: see the unpatched scenarios)")
-    if s.tier == "cpu" and (behaviour.plugin_needs_te or not behaviour.known):
+    if not on_cuda(s.tier) and (behaviour.plugin_needs_te or not behaviour.known):
         return plugin_problem()
     if cell.golden:  # a golden in a torch_dist format this megatron-core cannot read
         from harness.paths import REPO_ROOT
@@ -135,14 +138,14 @@ def under_version(rec: CellRecord, cell, stage: StageResult | None) -> None:
 def settle_unknown(rec: CellRecord) -> None:
     """A pair with no rule predicts nothing: its cell is ``rule-unknown``, whatever ran (kept in
     the record), never judged by another pair's rule."""
-    if rec.expected == RULE_UNKNOWN and rec.outcome not in ("skipped", INTERRUPTED):
+    if rec.expected == Expected.RULE_UNKNOWN and rec.outcome not in (Outcome.SKIPPED, Outcome.INTERRUPTED):
         ran = f"{rec.outcome}: {rec.reason or rec.message or ''}".strip(": ")
-        rec.outcome, rec.reason = RULE_UNKNOWN, f"{rec.notice} (ran: {ran[:300]})"
+        rec.outcome, rec.reason = Outcome.RULE_UNKNOWN, f"{rec.notice} (ran: {ran[:300]})"
 
 
 def interrupted(rec: CellRecord, stage: StageResult | None, signal: str) -> None:
     """The controller was stopped: not a product failure, whatever the ranks were doing."""
-    rec.outcome = INTERRUPTED
+    rec.outcome = Outcome.INTERRUPTED
     if stage is None:
         rec.reason = f"not started: the run was interrupted ({signal})"
         return
@@ -166,28 +169,28 @@ def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str) -> No
     """A stage that failed: the bug where ``expected_stage`` was expected, else unexpected."""
     fill_failure(rec, stage)
     if rec.expected == expected_stage and is_bug(stage.cause, rules_for(rec.modelopt, rec.mcore)):
-        rec.outcome = "bug-reproduced"
+        rec.outcome = Outcome.BUG_REPRODUCED
     else:
-        rec.outcome = "unexpected-failure"
+        rec.outcome = Outcome.UNEXPECTED_FAILURE
         if stage.timed_out:
             rec.reason = f"{stage.stage} stage timed out"
 
 
 def save_only(rec: CellRecord, save: StageResult) -> None:
     if not save.ok:
-        failed_stage(rec, save, "fail-save")
-    elif rec.expected == "fail-save":
-        rec.outcome, rec.reason = "unexpected-pass", bug_gone_message(rec)
+        failed_stage(rec, save, Expected.FAIL_SAVE)
+    elif rec.expected == Expected.FAIL_SAVE:
+        rec.outcome, rec.reason = Outcome.UNEXPECTED_PASS, bug_gone_message(rec)
     else:
-        rec.outcome = "pass"
+        rec.outcome = Outcome.PASS
 
 
 def blocked(rec: CellRecord, save: StageResult, save_id: str) -> None:
     """A load cell whose save failed is not run."""
-    rec.outcome = "blocked"
+    rec.outcome = Outcome.BLOCKED
     rec.reason = f"blocked by the save at {save_id}, which failed; not run"
-    if rec.expected != "fail-save":
-        rec.outcome = "unexpected-failure"
+    if rec.expected != Expected.FAIL_SAVE:
+        rec.outcome = Outcome.UNEXPECTED_FAILURE
         fill_failure(rec, save)
 
 
@@ -219,29 +222,29 @@ def verify_problems(verify: dict, known_gaps) -> list[str]:
 def _load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
     """A load stage against the cell's expectation."""
     if not stage.ok:
-        failed_stage(rec, stage, "fail-load")
-        if rec.expected == "not-restored" and not stage.timed_out and is_amax_refusal(stage.cause):
-            rec.outcome = "bug-reproduced"  # megatron-core refused the checkpoint's amax
+        failed_stage(rec, stage, Expected.FAIL_LOAD)
+        if rec.expected == Expected.NOT_RESTORED and not stage.timed_out and is_amax_refusal(stage.cause):
+            rec.outcome = Outcome.BUG_REPRODUCED  # megatron-core refused the checkpoint's amax
         return
     rec.verify = judged_verify(stage.rank0.get("verify", {}), rec.tier)
     problems = verify_problems(rec.verify, known_gaps)
-    if rec.expected == "not-restored":
+    if rec.expected == Expected.NOT_RESTORED:
         if problems:
-            rec.outcome, rec.failed_stage = "bug-reproduced", "verify"
+            rec.outcome, rec.failed_stage = Outcome.BUG_REPRODUCED, "verify"
             rec.message = "; ".join(problems + [held_after_load(rec.verify)])
         else:
-            rec.outcome = "unexpected-pass"
+            rec.outcome = Outcome.UNEXPECTED_PASS
             rec.reason = ("expected unpatched modelopt to fail restoring this golden checkpoint, "
                           "but every tensor matched: older checkpoints now load without the fix")
-    elif rec.expected == "amax-lost":
+    elif rec.expected == Expected.AMAX_LOST:
         _amax_lost(rec, known_gaps, problems)
-    elif rec.expected in ("fail-load", "fail-save"):
-        rec.outcome, rec.reason = "unexpected-pass", bug_gone_message(rec)
+    elif rec.expected in (Expected.FAIL_LOAD, Expected.FAIL_SAVE):
+        rec.outcome, rec.reason = Outcome.UNEXPECTED_PASS, bug_gone_message(rec)
     elif problems:
-        rec.outcome, rec.failed_stage = "unexpected-failure", "verify"
+        rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, "verify"
         rec.message = "; ".join(problems)
     else:
-        rec.outcome = "pass"
+        rec.outcome = Outcome.PASS
 
 
 def _amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
@@ -250,16 +253,16 @@ def _amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
                if not any(g.matches(k) for g in known_gaps)]
     rec.failing_key = missing[0] if missing else None
     if missing and all(is_expert_weight_amax(k) for k in missing) and not rec.verify.get("mismatch_count"):
-        rec.outcome, rec.failed_stage = "bug-reproduced", "verify"
+        rec.outcome, rec.failed_stage = Outcome.BUG_REPRODUCED, "verify"
         rec.message = (f"{len(missing)} per-expert weight_quantizer amax absent after "
                        "load_state_dict (post-restore re-calibration through expert 0); "
                        + held_after_load(rec.verify))
     elif not problems:
-        rec.outcome = "unexpected-pass"
+        rec.outcome = Outcome.UNEXPECTED_PASS
         rec.reason = ("expected per-expert amax to be lost after load_state_dict (second bug) "
                       "but every amax survived: that bug is gone in this modelopt")
     else:
-        rec.outcome, rec.failed_stage = "unexpected-failure", "verify"
+        rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, "verify"
         rec.message = "; ".join(problems)
 
 
@@ -294,91 +297,94 @@ _OUTCOME_FIELDS = ("outcome", "failed_stage", "exception_type", "message", "fail
                    "first_failure_rank", "secondary_errors", "reason", "finding")
 
 
-def stages_from_record(rec: dict, cell) -> tuple[StageResult | None, StageResult | None, str | None]:
+def stages_from_record(rec: CellRecord, cell) -> tuple[StageResult | None, StageResult | None, str | None]:
     """(save, load, stopped) as the record's stages reported them, from what it kept: the first
     failure's type, message, key and rank; rank 0's verify figures; the versions the ranks
     imported. Enough for ``judge_cell`` to judge it again."""
-    env = {"nvidia-modelopt": rec["modelopt"]} if rec.get("modelopt") else {}
-    outcome, failed = rec.get("outcome"), rec.get("failed_stage")
+    env = {"nvidia-modelopt": rec.modelopt} if rec.modelopt else {}
+    outcome, failed = rec.outcome, rec.failed_stage
 
     def stage(name: str, ok: bool, **kw) -> StageResult:
         return StageResult(stage=name, ok=ok, wall_s=0.0, environment=env, **kw)
 
     def failure(name: str) -> StageResult:
-        cause = StageCause(rank=rec.get("first_failure_rank"), kind="exception",
-                           exc_type=rec.get("exception_type"), message=rec.get("message") or "",
-                           key=rec.get("failing_key"))
-        return stage(name, False, cause=cause, secondaries=list(rec.get("secondary_errors") or []),
-                     timed_out="timed out" in (rec.get("reason") or ""))
+        cause = StageCause(rank=rec.first_failure_rank, kind=CauseKind.EXCEPTION,
+                           exc_type=rec.exception_type, message=rec.message or "",
+                           key=rec.failing_key)
+        return stage(name, False, cause=cause, secondaries=list(rec.secondary_errors),
+                     timed_out="timed out" in (rec.reason or ""))
 
-    if outcome == INTERRUPTED:
-        named = re.search(r"SIG[A-Z]+", rec.get("reason") or "")
+    if outcome == Outcome.INTERRUPTED:
+        named = re.search(r"SIG[A-Z]+", rec.reason or "")
         signal = named.group(0) if named else "SIGINT"
         if not failed:
             return None, None, signal
         if failed != "load":
             return stage(failed, False, interrupted=signal), None, None
         return stage("save", True), stage("load", False, interrupted=signal), None
-    if outcome == "skipped":
+    if outcome == Outcome.SKIPPED:
         return None, None, None
     save_name = "golden" if getattr(cell, "golden", "") else "save"
-    if failed in ("save", "golden") or outcome == "blocked":
+    if failed in ("save", "golden") or outcome == Outcome.BLOCKED:
         return failure(save_name), None, None
     if cell.load is None:
         return stage(save_name, True), None, None
     if failed == "load":
         return stage(save_name, True), failure("load"), None
-    return stage(save_name, True), stage("load", True, rank_results={"0": {"verify": rec.get("verify") or {}}}), None
+    return stage(save_name, True), stage("load", True, rank_results={"0": {"verify": rec.verify}}), None
 
 
-def rejudge_record(rec: dict, cell) -> dict:
+def rejudge_record(rec: CellRecord | Mapping, cell) -> dict:
     """``rec`` (a results.json cell) judged again by ``judge_cell`` under today's rules.
 
     ``cell``: the scenario cell it was recorded for (its expectation and known gaps), or None
     when no scenario has it any more: then its recorded expectation stands."""
+    raw = rec.as_dict() if isinstance(rec, CellRecord) else dict(rec)
+    rec = CellRecord.of(rec)
     facts = _RecordedCell(rec) if cell is None else cell
     if not _rejudgeable(rec, facts):
-        return dict(rec)  # it kept none of what it was judged from: the record stands
+        return raw  # it kept none of what it was judged from: the record stands
     sc = facts.scenario
     known = {"scenario": sc.name, "cell_id": facts.id, "tier": sc.tier,
-             "backend": getattr(sc, "backend", "te"), "save_topology": facts.save.id,
+             "backend": getattr(sc, "backend", Backend.TE), "save_topology": facts.save.id,
              "load_topology": facts.load.id if facts.load else None, "patch": sc.patch,
-             "expected": rec.get("expected") or ""}
-    new = CellRecord(**{**known, **{k: v for k, v in rec.items() if k in CellRecord.__dataclass_fields__
-                                    and k not in _OUTCOME_FIELDS}})
+             "expected": rec.expected}
+    kept = {f.name: getattr(rec, f.name) for f in fields(CellRecord)
+            if f.name not in _OUTCOME_FIELDS and f.name in raw}
+    new = CellRecord(**{**known, **kept})
     new.verify = {}
     save, load, stopped = stages_from_record(rec, facts)
     judge_cell(new, facts, save, load, stopped)
     if cell is None:
-        new.expected = rec.get("expected", new.expected)
-    if rec.get("outcome") == "skipped":  # nothing ran: the recorded reason stands
-        new.reason = rec.get("reason")
-    out = {**rec, **new.as_dict()}
-    if not new.verify and rec.get("verify"):
-        out["verify"] = rec["verify"]  # a failed stage reports no figures: keep what was recorded
+        new.expected = rec.expected if "expected" in raw else new.expected
+    if rec.outcome == Outcome.SKIPPED:  # nothing ran: the recorded reason stands
+        new.reason = rec.reason
+    out = {**raw, **new.as_dict()}
+    if not new.verify and rec.verify:
+        out["verify"] = rec.verify  # a failed stage reports no figures: keep what was recorded
     return out
 
 
-def _rejudgeable(rec: dict, cell) -> bool:
+def _rejudgeable(rec: CellRecord, cell) -> bool:
     """Whether the record kept what its outcome was decided from: a load that ran its verify
     figures, a failure its failed stage (hand-written or truncated records may keep neither)."""
-    outcome = rec.get("outcome")
-    if outcome in ("skipped", INTERRUPTED, "blocked"):
+    outcome = rec.outcome
+    if outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.BLOCKED):
         return True
-    if rec.get("failed_stage") == "verify" or (outcome in ("pass", "unexpected-pass") and cell.load):
-        return bool(rec.get("verify"))
-    return outcome in ("pass", "unexpected-pass") or bool(rec.get("failed_stage"))
+    if rec.failed_stage == "verify" or (outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) and cell.load):
+        return bool(rec.verify)
+    return outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) or bool(rec.failed_stage)
 
 
 class _RecordedCell:
     """A recorded cell no scenario holds now: its own record stands in for the scenario."""
 
-    def __init__(self, rec: dict):
+    def __init__(self, rec: CellRecord):
         from harness.topology.topology import Topology
 
-        self.id, self.golden, self._expected = rec["cell_id"], "", rec.get("expected") or "pass"
-        self.save = Topology.parse(rec["save_topology"])
-        self.load = Topology.parse(rec["load_topology"]) if rec.get("load_topology") else None
+        self.id, self.golden, self._expected = rec.cell_id, "", rec.expected or Expected.PASS
+        self.save = Topology.parse(rec.save_topology)
+        self.load = Topology.parse(rec.load_topology) if rec.load_topology else None
         self.scenario = _RecordedScenario(rec)
 
     def expected_under(self, _behaviour) -> str:
@@ -386,6 +392,6 @@ class _RecordedCell:
 
 
 class _RecordedScenario:
-    def __init__(self, rec: dict):
-        self.name, self.tier, self.patch, self.known_gaps = rec["scenario"], rec["tier"], rec["patch"], ()
-        self.backend = rec.get("backend", "te")
+    def __init__(self, rec: CellRecord):
+        self.name, self.tier, self.patch, self.known_gaps = rec.scenario, rec.tier, rec.patch, ()
+        self.backend = rec.backend

@@ -24,8 +24,8 @@ Two questions, kept apart (issue 25):
 """
 from __future__ import annotations
 
-# Asserted: loaded model vs the saved state written into a model at the load topology.
-LOAD_TOPOLOGY_TOLERANCE = {"cpu": 0.0, "gpu-shared": 0.0, "gpu": 0.0}
+from harness.tiers import facts, on_cuda
+
 # fp32 rounding of the whole forward across splits (the cpu tier's measured cross-topology
 # figures are <= 2e-6 relative; 1e-4 was this harness's fp32 tolerance before issue 25).
 FP32_ROUNDING = 1e-4
@@ -45,7 +45,7 @@ def judge_logits(figures: dict, tier: str) -> dict:
     at_load = figures.get("logits_at_load_topology")
     if at_load and "plain" in at_load:
         out.update({"logits_asserted": "load-topology", "logits_rel_diff": at_load["plain"]["rel_diff"],
-                    "logits_tolerance": LOAD_TOPOLOGY_TOLERANCE[tier]})
+                    "logits_tolerance": facts(tier).logits_tolerance})
         out["logits_ok"] = not logits_problems({**figures, **out})
     else:
         out["logits_asserted"] = "none: no load-topology figure in this record"
@@ -77,7 +77,7 @@ def noise_floor(figures: dict, tier: str) -> dict:
     figures ``noise_floor_figures``) plus fp32 rounding; absent (older records, or the fp32
     pass failed): no floor, the figure is reported unjudged.
     """
-    if tier == "cpu":
+    if not on_cuda(tier):
         return {"noise_floor": FP32_ROUNDING, "noise_floor_source": "fp32 forward (cpu tier)"}
     nf = figures.get("noise_floor_figures") or {}
     if "bf16_vs_fp32_save" not in nf or "bf16_vs_fp32_load" not in nf:

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-# Layout of a grouped linear's weight quantizer in the checkpoint.
-SHARED, PER_EXPERT = "shared", "per-expert"
-# What an unpatched load of a golden checkpoint of each layout gives (harness/golden/inspect.py
-# names the layouts: shared = pre-0.47, complete / incomplete = per-expert with all / some amax).
-RESTORED, NOT_RESTORED = "restored", "not-restored"
+from harness.check.layouts import CkptLayout, GoldenLayout, Restore
+
+# Layout of a grouped linear's weight quantizer in the checkpoint a release writes.
+SHARED, PER_EXPERT = CkptLayout.SHARED, CkptLayout.PER_EXPERT
+# What an unpatched load of a golden checkpoint of each layout gives (GoldenLayout: shared =
+# pre-0.47, complete / incomplete = per-expert with all / some amax).
+RESTORED, NOT_RESTORED = Restore.RESTORED, Restore.NOT_RESTORED
 
 
 # megatron-core bands whose sources differ where it matters (read from the wheels):
@@ -136,7 +138,8 @@ class Behaviour:
         return None
 
 
-_GOLDENS_PER_EXPERT = {"shared": NOT_RESTORED, "complete": RESTORED, "incomplete": NOT_RESTORED}
+_GOLDENS_PER_EXPERT = {GoldenLayout.SHARED: NOT_RESTORED, GoldenLayout.COMPLETE: RESTORED,
+                       GoldenLayout.INCOMPLETE: NOT_RESTORED}
 _SRC_047 = ("0.47.0 plugins/megatron.py:936 make_sharded_tensors_for_checkpoint(expert_state, '', "
             "expert_axis, new_sharded_offsets) with no groups, then :944-946 replica_id[2] := "
             "expert-DP rank; :906 shared buffers the same way; plugins/custom.py "
@@ -149,7 +152,8 @@ KNOWN = (
     Behaviour(
         label="0.46.x", specifier="<0.47.0", layout=SHARED, replica_rule=None,
         drops_expert_amax_on_reload=False,
-        golden_restore={"shared": RESTORED, "complete": NOT_RESTORED, "incomplete": NOT_RESTORED},
+        golden_restore={GoldenLayout.SHARED: RESTORED, GoldenLayout.COMPLETE: NOT_RESTORED,
+                        GoldenLayout.INCOMPLETE: NOT_RESTORED},
         source="0.46.1 plugins/transformer_engine.py: one weight_quantizer per grouped linear "
                "(no per-expert amax keys); a per-expert checkpoint's keys do not exist there",
         checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261202-204604-matrix.md)",

@@ -1,1 +1,1 @@
-"""Golden checkpoints: manifests and inspection."""
+"""Golden checkpoints: manifests, metadata and storage checks, layouts, forecasts, repair."""

@@ -4,7 +4,7 @@ Why: a job holding an old checkpoint must know, before it starts, whether the re
 to loads it complete, loads it with some expert amax silently gone, or refuses it. The rule per
 release is the ``golden_restore`` of harness/check/versions.py (read there from each release's
 sources and checked by the GPU golden runs); this module only turns a checkpoint's layout
-(harness/golden/inspect.py) into that rule's key and says how a ``not-restored`` shows:
+(harness/golden/layout.py) into that rule's key and says how a ``not-restored`` shows:
 
 * shared (<= 0.46.x) checkpoint, per-expert release: ``set_extra_state`` finds no
   ``weight_quantizer.<i>`` entry (only ``weight_quantizer``) and skips it (0.48.0rc1
@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 
 from harness.check import versions
+from harness.check.layouts import CkptLayout, GoldenLayout, golden_layout_of
 
 # megatron-core releases every golden rule was measured with on a GPU (docs/runs/*golden*,
 # *matrix*); the other pairs' golden rules are read from the sources (versions.py).
@@ -50,28 +51,11 @@ class Forecast:
         return asdict(self)
 
 
-def restore_key(lay) -> str | None:
-    """The ``golden_restore`` key of a checkpoint layout: shared / complete / incomplete."""
-    if lay.kind == "shared":
-        return "shared"
-    if lay.kind == "per-expert":
-        return "incomplete" if lay.missing else "complete"
-    if lay.kind == "incomplete":
-        return "incomplete"
-    return None  # unquantized or mixed: no rule
-
-
 def expert_amax_count(lay) -> int:
     """Per-expert weight amax a per-expert model asks for: experts x grouped linears."""
-    if lay.kind == "shared":
+    if lay.kind == CkptLayout.SHARED:
         return len(lay.shared_keys) * (lay.num_experts or 0)
     return sum(len(li.present) + len(li.missing) for li in lay.linears)
-
-
-def per_modelopt_rules():
-    """[(modelopt label, megatron-core, Behaviour)]: today's per-ModelOpt rules (versions.py),
-    each paired with the megatron-core the rule was measured with."""
-    return [(b.label, mc, b) for b in versions.KNOWN for mc in MEASURED_MEGATRON_CORE]
 
 
 def pairs():
@@ -107,7 +91,7 @@ def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
 
 
 def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
-    key = restore_key(lay)
+    key = golden_layout_of(lay)
     total = expert_amax_count(lay)
     if key is None:
         return Forecast(label, megatron_core, NOT_MOE, 0,
@@ -120,7 +104,7 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
                         f"refused: no {versions.COMMON_PT} (megatron-core {megatron_core} reads "
                         "only checkpoints written by megatron-core <= 0.16; this one was written "
                         "by a newer one)")
-    if (behaviour.layout == versions.PER_EXPERT and key != "shared"
+    if (behaviour.layout == versions.PER_EXPERT and key != GoldenLayout.SHARED
             and behaviour.shared_rule == "expert-tp-dense-dp"):
         # 0.47.0 on megatron-core 0.15 (versions.py): per-expert amax do not collide, the
         # shared input amax does at TP > ETP; the second bug is the same.
@@ -128,7 +112,7 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
                         "depends on the load topology: refused at TP > ETP (CheckpointingException: "
                         "Invalid access pattern on the shared ...experts.linear_fcN.input_quantizer."
                         "_amax); elsewhere only each rank's first local expert keeps its amax")
-    if behaviour.layout == versions.PER_EXPERT and key != "shared" and (
+    if behaviour.layout == versions.PER_EXPERT and key != GoldenLayout.SHARED and (
             behaviour.replica_rule == "dense-tp" or behaviour.drops_expert_amax_on_reload):
         # 0.47.0: a per-expert checkpoint's fate depends on the load topology (measured,
         # docs/runs/20261202-150543-golden.md): the collision refuses TP != ETP loads, and the
@@ -139,13 +123,13 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
                         "first local expert keeps its amax (e.g. 28 of 32 lost at one rank)",
                         "harness.fix loads it complete")
     if behaviour.golden_restore.get(key) == versions.RESTORED:
-        if key == "shared":
+        if key == GoldenLayout.SHARED:
             return Forecast(label, megatron_core, LOADS_COMPLETE, 0,
                             f"loads complete (the layout it wrote: {len(lay.shared_keys)} shared amax)")
         return Forecast(label, megatron_core, LOADS_COMPLETE, 0,
                         f"loads complete ({total} expert amax restored)")
     caveat = ""
-    if key == "shared" and behaviour.layout == versions.PER_EXPERT:
+    if key == GoldenLayout.SHARED and behaviour.layout == versions.PER_EXPERT:
         if behaviour.fix_applies:
             caveat = "harness.fix loads it complete (the shared amax goes to every expert)"
         return Forecast(label, megatron_core, LOADS_ABSENT, total,
@@ -155,7 +139,7 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
         return Forecast(label, megatron_core, REFUSED, total,
                         "refused: CheckpointException (missing key: this release asks for the "
                         "shared ...experts.<linear>.weight_quantizer._amax)", caveat)
-    missing = sum(len(v) for v in lay.missing.values()) if lay.kind == "per-expert" else total
+    missing = sum(len(v) for v in lay.missing.values()) if lay.kind == CkptLayout.PER_EXPERT else total
     return Forecast(label, megatron_core, REFUSED, missing,
                     f"refused: CheckpointException (missing key: {missing} expert "
                     "weight_quantizer._amax not in the checkpoint)", caveat)
@@ -187,7 +171,8 @@ EXAMPLES = (("0.46.x checkpoint (one shared amax per grouped linear)", "modelopt
 def advice(modelopt_version: str | None, golden_root=None) -> list[str]:
     """Verdict lines: per kind of existing checkpoint, what this release does with it and the
     command to run first (``python -m harness inspect CKPT`` says which kind a job holds)."""
-    from harness.golden.inspect import NotACheckpoint, inspect_checkpoint
+    from harness.golden.layout import inspect_checkpoint
+    from harness.golden.storage import NotACheckpoint
     from harness.paths import REPO_ROOT
 
     root = golden_root or REPO_ROOT / "tests" / "golden"

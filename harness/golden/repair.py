@@ -43,8 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.check.expect import FROM_LEGACY, amax_dtype_of, derived_amax_sources, max_calibrated_amax
+from harness.check.layouts import CkptLayout
 from harness.check.keys import EXPERT_WEIGHT, SHARED_WEIGHT_AMAX, WEIGHT_AMAX_SUFFIX
-from harness.golden.inspect import DamagedCheckpoint, NotACheckpoint, inspect_checkpoint, torch_metadata
+from harness.golden.layout import inspect_checkpoint
+from harness.golden.storage import DamagedCheckpoint, NotACheckpoint, torch_metadata
 
 # "<prefix>.experts.experts.<e>.<linear>._extra_state/shard_..." of a TEGroupedMLP expert linear
 _EXPERT_EXTRA_STATE = re.compile(
@@ -118,7 +120,7 @@ def plan_repair(src: Path | str, dst: Path | str) -> Plan:
     lay = inspect_checkpoint(src)  # NotACheckpoint / DamagedCheckpoint: one line
     if lay.backend != "torch_dist":
         raise RepairError(f"{src}: backend {lay.backend}; repair writes torch_dist checkpoints only")
-    if lay.kind in ("mixed", "unquantized", "incomplete"):
+    if lay.kind in (CkptLayout.MIXED, CkptLayout.UNQUANTIZED, CkptLayout.INCOMPLETE):
         raise RepairError(f"{src}: layout {lay.kind}: nothing repair can derive safely "
                           "(needs a shared amax or some per-expert amax per grouped linear)")
     md = torch_metadata(src)
@@ -385,7 +387,7 @@ def repair_golden(src_golden: Path | str, dst_golden: Path | str) -> Path:
              f"per-expert amax from the shared amax, {s['expert_amax_max_calibrated']} by max "
              f"calibration, {s['shared_amax_dropped']} shared amax dropped, "
              f"{s['extra_states_rewritten']} extra states renamed; other tensors sha256-equal")
-    return write_manifest(dst, topology=doc["topology"], layout="per-expert",
+    return write_manifest(dst, topology=doc["topology"], layout=CkptLayout.PER_EXPERT,
                           made_by=f"python -m harness golden repair {src.name} {dst.name}",
                           versions=doc["versions"], notes=notes, size=doc.get("size"))
 

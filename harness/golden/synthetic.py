@@ -15,7 +15,9 @@ import io
 import json
 from pathlib import Path
 
-SHARED, INCOMPLETE, COMPLETE = "shared", "incomplete", "complete"
+from harness.check.layouts import GoldenLayout
+
+SHARED, INCOMPLETE, COMPLETE = GoldenLayout.SHARED, GoldenLayout.INCOMPLETE, GoldenLayout.COMPLETE
 
 
 def _extra_state(weight_quantizer_names: list[str]) -> io.BytesIO:

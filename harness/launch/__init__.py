@@ -1,1 +1,1 @@
-"""Controller side of one torchrun: launch and teardown, failure classification, GPU pool."""
+"""Controller side of one torchrun: command, watch, teardown, nodes, signals, failure classification, warm pools."""

@@ -11,6 +11,8 @@ import re
 import signal
 from dataclasses import dataclass
 
+from harness.records import CauseKind
+
 # Texts that mean "a peer went away / the job is being torn down", not a cause of its own.
 SECONDARY_PATTERNS: list[tuple[str, re.Pattern]] = [
     # NCCL >= 2.2x via ProcessGroupNCCL, as in the bug report: "ncclRemoteError: remote process exited prematurely"
@@ -50,7 +52,6 @@ CPP_WHAT = re.compile(r"terminate called after throwing an instance of '([^']+)'
 # A frame inside a collective in a faulthandler dump: the rank was waiting on peers, not stuck itself.
 IN_COLLECTIVE = re.compile(r"torch/distributed/(distributed_c10d|c10d_logger)\.py")
 
-KINDS = ("exception", "signal", "exit", "timeout", "hang")
 
 # Primary failures of several ranks recorded within this many seconds of the earliest are
 # simultaneous: which rank wrote first is scheduling noise (seen on the H200: the unpatched load
@@ -64,7 +65,7 @@ SIMULTANEOUS_S = 0.1
 class RankFailure:
     rank: int
     stage: str
-    kind: str  # one of KINDS
+    kind: str  # a CauseKind
     exc_type: str
     message: str
     traceback: str = ""
@@ -143,7 +144,7 @@ def _from_error(stage: str, e: dict) -> RankFailure:
     msg, tb = str(e.get("message", "")), str(e.get("traceback", ""))
     exc = str(e.get("exc_type", "Exception"))
     return RankFailure(
-        rank=int(e["rank"]), stage=str(e.get("stage", stage)), kind="exception", exc_type=exc,
+        rank=int(e["rank"]), stage=str(e.get("stage", stage)), kind=CauseKind.EXCEPTION, exc_type=exc,
         message=msg, traceback=tb, time=e.get("time"),
         secondary=secondary_reason(msg, exc) is not None, key=failing_key(msg) or failing_key(tb),
     )
@@ -158,12 +159,12 @@ def _from_exit(stage: str, x: RankExit, timed_out: bool) -> RankFailure:
         # torchrun/controller teardown signals are fallout; a signal nobody sent (injected
         # SIGKILL, OOM killer, SIGABRT from std::terminate) is a cause of its own.
         sec = x.signalled
-        return RankFailure(x.rank, stage, "signal", exc, msg, x.stack, x.died_at, sec, failing_key(msg))
+        return RankFailure(x.rank, stage, CauseKind.SIGNAL, exc, msg, x.stack, x.died_at, sec, failing_key(msg))
     if x.exitcode is not None and x.exitcode > 0:
         msg = f"exit code {x.exitcode} without an error file" + (f": {what.group(2)}" if what else "")
         sec = secondary_reason(x.log_tail) is not None
-        return RankFailure(x.rank, stage, "exit", "exit", msg, x.log_tail[-2000:], x.died_at, sec)
-    kind = "timeout" if timed_out else "hang"
+        return RankFailure(x.rank, stage, CauseKind.EXIT, CauseKind.EXIT, msg, x.log_tail[-2000:], x.died_at, sec)
+    kind = CauseKind.TIMEOUT if timed_out else CauseKind.HANG
     msg = "still running at the stage timeout" if timed_out else "alive, outside any error, when peers failed"
     return RankFailure(x.rank, stage, kind, kind, msg, x.stack, x.died_at, True)
 
@@ -223,7 +224,7 @@ def _odd_call_site(failures: list[RankFailure]) -> RankFailure | None:
     others entered a collective they never joined (a mismatch)."""
     sites: dict[str, list[RankFailure]] = {}
     for f in failures:
-        if f.kind == "exception" and (site := call_site(f.traceback)):
+        if f.kind == CauseKind.EXCEPTION and (site := call_site(f.traceback)):
             sites.setdefault(site, []).append(f)
     if len(sites) != 2:
         return None
@@ -239,15 +240,15 @@ def _stuck_rank(failures: list[RankFailure], exits: list[RankExit], timed_out: b
     """A rank killed in teardown (or alive at timeout) with no error of its own, preferring one
     whose stack dump shows it outside any collective: that rank is what its peers waited for."""
     stacks = {x.rank: x.stack for x in exits}
-    killed = [f for f in failures if f.kind in ("signal", "hang", "timeout")]
+    killed = [f for f in failures if f.kind in (CauseKind.SIGNAL, CauseKind.HANG, CauseKind.TIMEOUT)]
     if not killed:
         return None
     killed.sort(key=lambda f: (in_collective(stacks.get(f.rank, "")), not stacks.get(f.rank), f.rank))
     f = killed[0]
     if not in_collective(stacks.get(f.rank, "")):
-        f.kind = f.exc_type = "timeout" if timed_out else "hang"
+        f.kind = f.exc_type = CauseKind.TIMEOUT if timed_out else CauseKind.HANG
         f.message = f"{f.message}; stuck outside any collective while peers waited"
-    errs = [g.time for g in failures if g.kind == "exception" and g.time]
+    errs = [g.time for g in failures if g.kind == CauseKind.EXCEPTION and g.time]
     if errs and (f.time is None or f.time > min(errs)):
         f.time = min(errs)  # it was stuck at least since its peers gave up on it
     return f

@@ -28,12 +28,12 @@ from pathlib import Path
 import psutil
 
 from harness.jsonfile import write_json_atomic
-from harness.launch.torchrun import (
-    StageRun, end_session, kill_and_wait, make_stage_dirs, not_started, shutdown_signal, stage_env,
-    start_torchrun, supervise,
-)
+from harness.tiers import STAGE_MODES, TIERS, StageMode, facts, on_cuda
+from harness.launch.command import make_stage_dirs, stage_env, start_torchrun
+from harness.launch.signals import shutdown_signal
+from harness.launch.teardown import end_session, kill_and_wait
+from harness.launch.torchrun import StageRun, not_started, supervise
 
-STAGE_MODES = ("fresh", "pool")
 # Read by rank code at each stage: sent with every job, not part of a pool's key.
 JOB_ENV = ("HARNESS_INJECT",)
 # The controller's environment that a rank reads at start: a pool's key holds it.
@@ -43,16 +43,12 @@ _NOT_KEY = {*JOB_ENV, "HARNESS_STAGE_MODE", "HARNESS_STAGE_DIR", "HARNESS_STAGE"
 STOP_WAIT_S = 10.0  # a stopped pool's ranks leave in well under a second
 
 
-# The mode a tier's stages run in unless HARNESS_STAGE_MODE says otherwise: the pool where it
-# was shown to give the fresh mode's results cell for cell (docs/benchmarks.md, "Stage
-# startup"); tier gpu (NCCL, one rank per GPU) keeps the reference until it is shown there.
-DEFAULT_STAGE_MODE = {"cpu": "pool", "gpu-shared": "pool", "gpu": "fresh"}
-
 
 def stage_mode(tier: str | None = None) -> str:
     """``HARNESS_STAGE_MODE`` (every tier), else the tier's default: ``pool`` (warm rank pools)
     or ``fresh`` (one torchrun per stage, the reference)."""
-    mode = os.environ.get("HARNESS_STAGE_MODE") or DEFAULT_STAGE_MODE.get(tier, "fresh")
+    mode = os.environ.get("HARNESS_STAGE_MODE") or (
+        facts(tier).stage_mode if tier in TIERS else StageMode.FRESH)
     if mode not in STAGE_MODES:
         raise ValueError(f"HARNESS_STAGE_MODE={mode!r}: want one of {STAGE_MODES}")
     return mode
@@ -221,7 +217,7 @@ class PoolSet:
             pool = alive[0] if alive else None
             stale = [p for p in idle if not p.alive]  # other idle pools of the key stay idle
             self._idle[key] = alive[1:]
-            if pool is None and key.tier != "cpu":
+            if pool is None and on_cuda(key.tier):
                 stale += [p for k, ps in self._idle.items() for p in ps]
                 self._idle = {}
             if pool is None:

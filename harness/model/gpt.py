@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from harness.model import host_p2p
+from harness.tiers import Backend
 from harness.topology.topology import Topology
 
 
@@ -36,6 +37,11 @@ class ModelSize:
 
 CPU_SIZE = ModelSize()
 GPU_SIZE = ModelSize(hidden_size=256, ffn_hidden_size=512, moe_ffn_hidden_size=256)
+
+
+def default_size(backend: str) -> ModelSize:
+    """The size a backend's scenarios build unless they say otherwise."""
+    return CPU_SIZE if backend == Backend.LOCAL else GPU_SIZE
 # Golden checkpoints are committed to git and travel with every GPU-host upload: half the GPU
 # width keeps one at about 1.5 MB while every key, replica id and per-expert amax stays the same.
 GOLDEN_SIZE = ModelSize(hidden_size=128, ffn_hidden_size=256, moe_ffn_hidden_size=128)
@@ -59,7 +65,7 @@ def transformer_config(topo: Topology, size: ModelSize, backend: str):
         moe_ffn_hidden_size=size.moe_ffn_hidden_size,
         num_moe_experts=size.num_experts,
         moe_router_topk=size.moe_router_topk,
-        moe_grouped_gemm=backend == "te",
+        moe_grouped_gemm=backend == Backend.TE,
         # allgather works over gloo and on CPU; alltoall needs uneven all_to_all_single.
         moe_token_dispatcher_type="allgather",
         moe_router_load_balancing_type="none",
@@ -88,11 +94,11 @@ def transformer_config(topo: Topology, size: ModelSize, backend: str):
 def layer_spec(size: ModelSize, backend: str):
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if backend == "te":
+    if backend == Backend.TE:
         return specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=size.num_experts, moe_grouped_gemm=True
         )
-    if backend == "local":
+    if backend == Backend.LOCAL:
         return specs.get_gpt_layer_local_spec(num_experts=size.num_experts, moe_grouped_gemm=False)
     raise ValueError(f"unknown model backend {backend!r}: expected 'local' or 'te'")
 

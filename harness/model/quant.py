@@ -1,9 +1,7 @@
-"""ModelOpt NVFP4 quantization (real calibration) and read-out of quantizer state."""
+"""ModelOpt NVFP4 quantization (real calibration), and forwards with the quantizers bypassed."""
 from __future__ import annotations
 
 import contextlib
-
-import torch
 
 from harness.model.gpt import ModelSize, forward, sample_batch
 
@@ -42,12 +40,3 @@ def quantizers_bypassed(model):
     finally:
         for q in enabled:
             q.enable()
-
-
-def amax_buffers(model) -> dict[str, torch.Tensor]:
-    """Every quantizer ``_amax`` (and ``_global_amax``) on the model, by module state-dict key."""
-    return {
-        k: v.detach().cpu().clone()
-        for k, v in model.state_dict().items()
-        if "_quantizer" in k and k.endswith("amax")
-    }

@@ -43,6 +43,7 @@ import torch
 
 from harness.model.gpt import ModelSize, forward, sample_batch
 from harness.model.quant import quantizers_bypassed
+from harness.tiers import on_cuda
 
 LOGITS_BATCH_SEED = 7  # the seeded batch every topology's logits are measured on
 
@@ -116,7 +117,7 @@ def measure_logits(model, size: ModelSize, tier: str, device) -> dict[str, torch
     if ps.get_pipeline_model_parallel_world_size() > 1:  # every rank takes part
         routing = _routing_of_all_stages(routing)
     out["routing"] = routing
-    if tier != "cpu":  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
+    if on_cuda(tier):  # ModelOpt's NVFP4 fake-quant kernel asserts CUDA tensors
         out["nvfp4"] = _gather_logits(forward(model, batch))
     return out if out["plain"] is not None else None
 

@@ -58,7 +58,7 @@ def next_job(pool_dir: Path, seq: int) -> dict:
 
 
 def _job_env(job: dict, limit_s: float) -> None:
-    """What a fresh torchrun gets in its environment for this stage (torchrun.stage_env)."""
+    """What a fresh torchrun gets in its environment for this stage (launch/command.py stage_env)."""
     os.environ.update({"HARNESS_STAGE_DIR": job["stage_dir"], "HARNESS_STAGE": job["stage"],
                        "HARNESS_STAGE_TIMEOUT_S": str(limit_s)})
     for k, v in job.get("env", {}).items():  # variables rank code reads per stage (inject)

@@ -12,11 +12,12 @@ import torch.distributed as dist
 
 from harness.rank import inject
 from harness.rank.spec import StageSpec
+from harness.tiers import facts, on_cuda
 from harness.topology.topology import Topology
 
 
 def backend_for(tier: str) -> str:
-    return "nccl" if tier == "gpu" else "gloo"
+    return facts(tier).process_group
 
 
 def init_rank(topo: Topology, tier: str, pg_timeout_s: float) -> int:
@@ -82,7 +83,7 @@ def import_stack(tier: str | None, patch: str | None) -> None:
     """The stack a stage imports, the cpu shims and the fix applied first as they must be
     (both idempotent). Called by every stage (prepare_rank) and, before its first job, by a
     warm pool's ranks (rank/serve.py ``preload``)."""
-    if tier == "cpu":
+    if tier is not None and not on_cuda(tier):
         from harness.model.cpu_shims import apply_cpu_shims
 
         apply_cpu_shims()

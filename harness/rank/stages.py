@@ -21,13 +21,14 @@ from harness.model.checkpoint import (
 )
 from harness.rank.setup import Clock, device, peak_memory, prepare_rank
 from harness.rank.spec import StageSpec
+from harness.tiers import Backend, on_cuda
 
 
 def _measures_logits(spec: StageSpec) -> bool:
     """At pp > 1 the forward goes through megatron-core's pipeline schedule, which allocates its
     receive buffers on CUDA: no logits at pp > 1 on the cpu tier. Tier gpu-shared sends the
     activations through host memory (harness/model/host_p2p.py), tier gpu through NCCL."""
-    return spec.topo.pp == 1 or spec.tier != "cpu"
+    return spec.topo.pp == 1 or on_cuda(spec.tier)
 
 
 def save_stage(spec: StageSpec) -> dict:
@@ -74,7 +75,7 @@ def _measures_noise_floor(spec: StageSpec) -> bool:
     """The fp32 pass of the noise floor (harness/check/logits.py): GPU tiers (the cpu tier's
     forward is fp32 already), pp 1 only: a rank whose fp32 pass raised inside megatron-core's
     pipeline schedule would leave its peer waiting on a send, and the stage would hang."""
-    return spec.tier != "cpu" and spec.topo.pp == 1
+    return on_cuda(spec.tier) and spec.topo.pp == 1
 
 
 def _reload_keeps_state(spec: StageSpec) -> bool:
@@ -84,7 +85,7 @@ def _reload_keeps_state(spec: StageSpec) -> bool:
 
     from harness.check.versions import behaviour_for
 
-    return (spec.patch == "fix" or spec.backend == "local"
+    return (spec.patch == "fix" or spec.backend == Backend.LOCAL
             or not behaviour_for(modelopt.__version__).drops_expert_amax_on_reload)
 
 
@@ -156,7 +157,7 @@ def load_stage(spec: StageSpec) -> dict:
                     noise_floor_figures(restored, fp32, torch.load(ref_dir / "logits_checkpoint.pt"),
                                         torch.load(ref_dir / "logits_checkpoint_fp32.pt"))
                     if fp32 is not None else {"error": error or "fp32 logits not on this rank"})
-        elif spec.tier != "cpu" and figures is not None:
+        elif on_cuda(spec.tier) and figures is not None:
             err = ref_dir / "fp32_error.txt"
             figures["noise_floor_figures"] = {"error": (
                 "not measured at pp > 1" if not _measures_noise_floor(spec)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.check.results_file import ResultsFileError, read_results
+from harness.records import CellRecord, RunResults
 
 SAME = ("outcome", "exception_type", "failing_key", "first_failure_rank", "failed_stage")
 
@@ -35,15 +36,17 @@ def verify_figures(verify: dict | None, run_id: str = "") -> dict:
 
 def differences(reference: dict, candidate: dict) -> list[str]:
     """One line per difference between two results documents (empty: equivalent)."""
-    ref = {c["cell_id"]: c for c in reference.get("cells", [])}
-    got = {c["cell_id"]: c for c in candidate.get("cells", [])}
+    ra, rb = RunResults.of(reference), RunResults.of(candidate)
+    ref = {c.cell_id: c for c in ra.cells}
+    got = {c.cell_id: c for c in rb.cells}
     out = [f"{cid}: only in the reference run" for cid in sorted(set(ref) - set(got))]
     out += [f"{cid}: only in the candidate run" for cid in sorted(set(got) - set(ref))]
     for cid in sorted(set(ref) & set(got)):
         a, b = ref[cid], got[cid]
-        out += [f"{cid}: {k} {a.get(k)!r} != {b.get(k)!r}" for k in SAME if a.get(k) != b.get(k)]
-        fa = verify_figures(a.get("verify"), reference.get("run_id", ""))
-        fb = verify_figures(b.get("verify"), candidate.get("run_id", ""))
+        out += [f"{cid}: {k} {getattr(a, k)!r} != {getattr(b, k)!r}" for k in SAME
+                if getattr(a, k) != getattr(b, k)]
+        fa = verify_figures(a.verify, ra.run_id if ra.run_id != "?" else "")
+        fb = verify_figures(b.verify, rb.run_id if rb.run_id != "?" else "")
         out += [f"{cid}: verify.{k} {fa.get(k)!r} != {fb.get(k)!r}"
                 for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
     return out
@@ -60,17 +63,16 @@ def rejudged_doc(doc: dict, cells: dict | None = None) -> dict:
 
         cells = {c.id: c for s in load_all() for c in s.cells()}
     records = doc_records(doc)
-    return {**doc, "cells": [rejudge_record(dict(r), cells.get(cid)) for cid, r in records.items()]}
+    return {**doc, "cells": [rejudge_record(r, cells.get(cid)) for cid, r in records.items()]}
 
 
 def outcome_changes(doc: dict, cells: dict | None = None) -> list[tuple[str, str, str, str]]:
     """(cell id, recorded outcome, re-judged outcome, why) for each cell whose outcome changes."""
     from harness.report.verdict import change_reason
 
-    new = {c["cell_id"]: c for c in rejudged_doc(doc, cells)["cells"]}
-    return [(c["cell_id"], c["outcome"], new[c["cell_id"]]["outcome"],
-             change_reason(c, new[c["cell_id"]]))
-            for c in doc.get("cells", []) if new[c["cell_id"]]["outcome"] != c["outcome"]]
+    new = {c["cell_id"]: CellRecord.from_json(c) for c in rejudged_doc(doc, cells)["cells"]}
+    return [(c.cell_id, c.outcome, new[c.cell_id].outcome, change_reason(c, new[c.cell_id]))
+            for c in RunResults.of(doc).cells if new[c.cell_id].outcome != c.outcome]
 
 
 def rejudge_main(paths: list[str]) -> int:
@@ -84,7 +86,7 @@ def rejudge_main(paths: list[str]) -> int:
             rc = 2
             continue
         changes = outcome_changes(doc)
-        print(f"{p}: {len(doc.get('cells', []))} cells, {len(changes)} outcome change(s)")
+        print(f"{p}: {len(RunResults.of(doc).cells)} cells, {len(changes)} outcome change(s)")
         for cid, old, new, why in changes:
             print(f"  {cid}: {old} -> {new}: {why}")
     return rc
@@ -102,7 +104,7 @@ def main(args) -> int:
         print(f"error: {exc}")
         return 2
     diffs = differences(ref, got)
-    cells = len(ref.get("cells", []))
+    cells = len(RunResults.of(ref).cells)
     if diffs:
         print(f"NOT equivalent: {len(diffs)} difference(s) over {cells} reference cells")
         print("\n".join(f"  {d}" for d in diffs))

@@ -3,8 +3,8 @@ one-line progress counter.
 
 Why: CI keeps results.json for machines; a person opening a nightly pipeline wants to see at a
 glance which save/load topology pairs pass, which reproduce the known bug as expected, and which
-fail in a new way. Records are plain dicts in the schema of docs/ARCHITECTURE.md, so this module
-works on any results.json without importing the controller.
+fail in a new way. Records are read as CellRecords (harness/records.py ``from_json``), so this
+module works on any results.json without importing the controller.
 """
 from __future__ import annotations
 
@@ -12,26 +12,26 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from harness.check.results_file import INCOMPLETE_LINE, ResultsFileError, is_incomplete, read_results
+from harness.check.results_file import INCOMPLETE_LINE, ResultsFileError, read_results
 from harness.paths import RESULTS_DIR
-from harness.records import INTERRUPTED, RULE_UNKNOWN, UNEXPECTED_OUTCOMES
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome, RunResults
 
-Record = Mapping[str, Any]
+Record = CellRecord | Mapping[str, Any]
 
 # The categories of the grid, worst first (a grid square holding several records shows
 # the worst). Each: (outcomes mapped to it, label, short text drawn in the square, colour).
 CATEGORIES = (
     (UNEXPECTED_OUTCOMES, "unexpected failure (or pass)", "FAIL", "#d62728"),
-    (("blocked",), "blocked", "BLOCK", "#7f7f7f"),
-    ((RULE_UNKNOWN,), "rule unknown for the (modelopt, megatron-core) pair", "RULE?", "#8c564b"),
-    ((INTERRUPTED,), "interrupted (run stopped, not a result)", "INTR", "#9467bd"),
-    (("bug-reproduced",), "bug reproduced as expected", "BUG", "#ff9f1c"),
-    (("skipped",), "skipped", "SKIP", "#c7c7c7"),
-    (("pass",), "pass", "PASS", "#2ca02c"),
+    ((Outcome.BLOCKED,), Outcome.BLOCKED, "BLOCK", "#7f7f7f"),
+    ((Outcome.RULE_UNKNOWN,), "rule unknown for the (modelopt, megatron-core) pair", "RULE?", "#8c564b"),
+    ((Outcome.INTERRUPTED,), "interrupted (run stopped, not a result)", "INTR", "#9467bd"),
+    ((Outcome.BUG_REPRODUCED,), "bug reproduced as expected", "BUG", "#ff9f1c"),
+    ((Outcome.SKIPPED,), Outcome.SKIPPED, "SKIP", "#c7c7c7"),
+    ((Outcome.PASS,), Outcome.PASS, "PASS", "#2ca02c"),
 )
 SAVE_ONLY = "(save only)"
 # Outcomes that share a category but deserve their own word in the square.
-_WORDS = {"unexpected-pass": "UNEXP.\nPASS"}
+_WORDS = {Outcome.UNEXPECTED_PASS: "UNEXP.\nPASS"}
 
 
 def category(outcome: str) -> int:
@@ -44,7 +44,7 @@ def category(outcome: str) -> int:
 
 def cell_seconds(record: Record) -> float:
     """Wall seconds of a cell: its save and load stages, else the sum of what was measured."""
-    d = record.get("durations") or {}
+    d = CellRecord.of(record).durations
     stages = [d[k] for k in ("save_stage", "load_stage") if isinstance(d.get(k), (int, float))]
     if stages:
         return float(sum(stages))
@@ -58,23 +58,23 @@ def _first_line(text: Any, limit: int = 120) -> str:
 
 def cause(record: Record) -> str:
     """One short phrase saying why a cell ended as it did (empty for a plain pass)."""
-    outcome = record.get("outcome")
-    if outcome in ("blocked", "skipped"):
-        return _first_line(record.get("reason"))
-    if outcome == "unexpected-pass":
-        return f"expected {record.get('expected')}, passed"
-    if not record.get("exception_type") and not record.get("message"):
+    r = CellRecord.of(record)
+    if r.outcome in (Outcome.BLOCKED, Outcome.SKIPPED):
+        return _first_line(r.reason)
+    if r.outcome == Outcome.UNEXPECTED_PASS:
+        return f"expected {r.expected or None}, passed"
+    if not r.exception_type and not r.message:
         return ""
     parts = []
-    if record.get("failed_stage"):
-        parts.append(f"{record['failed_stage']}:")
-    head = record.get("exception_type") or ""
-    msg = _first_line(record.get("message"), 100)
+    if r.failed_stage:
+        parts.append(f"{r.failed_stage}:")
+    head = r.exception_type or ""
+    msg = _first_line(r.message, 100)
     parts.append(f"{head}: {msg}" if head and msg else head or msg)
-    if record.get("failing_key"):
-        parts.append(f"key `{record['failing_key']}`")
-    if record.get("first_failure_rank") is not None:
-        parts.append(f"(rank {record['first_failure_rank']})")
+    if r.failing_key:
+        parts.append(f"key `{r.failing_key}`")
+    if r.first_failure_rank is not None:
+        parts.append(f"(rank {r.first_failure_rank})")
     return " ".join(parts)
 
 
@@ -89,18 +89,19 @@ def _versions_line(versions: Mapping[str, Any]) -> str:
 
 def markdown_summary(results: Mapping[str, Any]) -> str:
     """A Markdown report: header (run, date, versions, tier), counts, then one row per cell."""
-    cells = list(results.get("cells") or [])
+    run = RunResults.of(results)
+    cells = run.cells
     counts: dict[str, int] = {}
     for r in cells:
-        counts[r.get("outcome", "?")] = counts.get(r.get("outcome", "?"), 0) + 1
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
     total = sum(cell_seconds(r) for r in cells)
     lines = [
-        f"# moe-ckpt-harness run `{results.get('run_id', '?')}`",
+        f"# moe-ckpt-harness run `{run.run_id}`",
         "",
-        *([f"**{INCOMPLETE_LINE}**", ""] if is_incomplete(results) else []),
-        f"- date: {results.get('created', 'unknown')}",
-        f"- versions: {_versions_line(results.get('versions') or {})}",
-        f"- tier: {results.get('tier', 'unknown')}",
+        *([f"**{INCOMPLETE_LINE}**", ""] if run.incomplete else []),
+        f"- date: {run.created}",
+        f"- versions: {_versions_line(run.versions)}",
+        f"- tier: {run.tier or 'unknown'}",
         f"- cells: {len(cells)} ("
         + (", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "none")
         + f"), {total:.1f} s of cell time",
@@ -108,18 +109,18 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
         "| save topology | load topology | tier | patch | outcome | cause | seconds |",
         "| --- | --- | --- | --- | --- | --- | ---: |",
     ]
-    order = sorted(cells, key=lambda r: (category(r.get("outcome", "")), str(r.get("cell_id", ""))))
+    order = sorted(cells, key=lambda r: (category(r.outcome), r.cell_id))
     for r in order:
         lines.append(
             "| "
             + " | ".join(
                 _md(x)
                 for x in (
-                    r.get("save_topology") or "",
-                    r.get("load_topology") or SAVE_ONLY,
-                    r.get("tier", ""),
-                    r.get("patch", ""),
-                    r.get("outcome", ""),
+                    r.save_topology or "",
+                    r.load_topology or SAVE_ONLY,
+                    r.tier or "",
+                    r.patch,
+                    r.outcome,
                     cause(r),
                     f"{cell_seconds(r):.1f}",
                 )
@@ -129,11 +130,10 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
     return "\n".join(lines + _topology_lines(order)) + "\n"
 
 
-def _topology_lines(cells: list[Record]) -> list[str]:
+def _topology_lines(cells: list[CellRecord]) -> list[str]:
     """The load cells' logits figures (harness/check/logits.py): asserted at the load topology,
     reported across topologies against their noise floor, and any forward finding."""
-    rows = [(r, (r.get("verify") or {}).get("cross_topology")) for r in cells]
-    rows = [(r, ct) for r, ct in rows if ct]
+    rows = [(r, r.verified) for r in cells if r.verified.cross_topology]
     if not rows:
         return []
 
@@ -144,24 +144,24 @@ def _topology_lines(cells: list[Record]) -> list[str]:
            "the noise floor (bf16 vs fp32 of the same state at both topologies).", "",
            "| cell | at load topology | cross-topology | flips | noise floor | fp32 cross | beyond |",
            "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for r, ct in rows:
-        v = r["verify"]
-        out.append(f"| {_md(r.get('cell_id', ''))} | {num(v.get('logits_rel_diff'))} | "
+    for r, v in rows:
+        ct = v.cross_topology
+        out.append(f"| {_md(r.cell_id)} | {num(v.logits_rel_diff)} | "
                    f"{num(ct.get('rel_diff'))} | {ct.get('routing_flips', '-')} | "
                    f"{num(ct.get('noise_floor'))} | {num(ct.get('fp32_cross_topology_rel_diff'))} | "
                    f"{ct.get('beyond_noise_floor', '-')} |")
-    findings = [r for r in cells if r.get("finding")]
+    findings = [r for r in cells if r.finding]
     if findings:
         out += ["", f"Findings (the product, not the checkpoint): {len(findings)}", ""]
-        out += [f"- {_md(r['cell_id'])}: {_md(r['finding'])}" for r in findings]
+        out += [f"- {_md(r.cell_id)}: {_md(r.finding)}" for r in findings]
     return out
 
 
-def _panels(cells: Iterable[Record]) -> dict[tuple[str, str], list[Record]]:
+def _panels(cells: Iterable[CellRecord]) -> dict[tuple[str, str], list[CellRecord]]:
     """Records grouped by (tier, patch): the fix and the unpatched run are read side by side."""
-    out: dict[tuple[str, str], list[Record]] = {}
+    out: dict[tuple[str, str], list[CellRecord]] = {}
     for r in cells:
-        out.setdefault((str(r.get("tier", "?")), str(r.get("patch", "none"))), []).append(r)
+        out.setdefault((str(r.tier or "?"), str(r.patch or "none")), []).append(r)
     return dict(sorted(out.items()))
 
 
@@ -179,10 +179,11 @@ def write_grid_png(results: Mapping[str, Any], path: str) -> None:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    cells = list(results.get("cells") or [])
-    saves = sorted({str(r.get("save_topology") or "?") for r in cells}) or ["-"]
-    loads = sorted({str(r.get("load_topology")) for r in cells if r.get("load_topology")})
-    if any(not r.get("load_topology") for r in cells) or not loads:
+    run = RunResults.of(results)
+    cells = run.cells
+    saves = sorted({str(r.save_topology or "?") for r in cells}) or ["-"]
+    loads = sorted({str(r.load_topology) for r in cells if r.load_topology})
+    if any(not r.load_topology for r in cells) or not loads:
         loads.append(SAVE_ONLY)
     panels = _panels(cells) or {("-", "-"): []}
     colours = [c[3] for c in CATEGORIES] + ["#f2f2f2"]  # last: no cell there
@@ -202,11 +203,11 @@ def write_grid_png(results: Mapping[str, Any], path: str) -> None:
         count = [[0] * len(loads) for _ in saves]
         word = [[""] * len(loads) for _ in saves]
         for r in recs:
-            i = saves.index(str(r.get("save_topology") or "?"))
-            j = loads.index(str(r.get("load_topology")) if r.get("load_topology") else SAVE_ONLY)
-            if category(r.get("outcome", "")) <= grid[i][j]:
-                word[i][j] = _WORDS.get(r.get("outcome", ""), CATEGORIES[category(r.get("outcome", ""))][2])
-            grid[i][j] = min(grid[i][j], category(r.get("outcome", "")))
+            i = saves.index(str(r.save_topology or "?"))
+            j = loads.index(str(r.load_topology) if r.load_topology else SAVE_ONLY)
+            if category(r.outcome) <= grid[i][j]:
+                word[i][j] = _WORDS.get(r.outcome, CATEGORIES[category(r.outcome)][2])
+            grid[i][j] = min(grid[i][j], category(r.outcome))
             count[i][j] += 1
         ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=empty + 0.5, aspect="auto")
         for i in range(len(saves)):
@@ -225,8 +226,8 @@ def write_grid_png(results: Mapping[str, Any], path: str) -> None:
         ax.set_xlabel("load topology")
         ax.set_ylabel("save topology")
         ax.set_title(f"tier {tier}, patch {patch}", fontsize=10)
-    versions = _versions_line(results.get("versions") or {})
-    fig.suptitle(f"run {results.get('run_id', '?')}  ({versions})", fontsize=9)
+    versions = _versions_line(run.versions)
+    fig.suptitle(f"run {run.run_id}  ({versions})", fontsize=9)
     fig.legend(handles=[Patch(color=c[3], label=c[1]) for c in CATEGORIES], loc="lower center",
                ncol=len(CATEGORIES), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 0.96))

@@ -24,15 +24,16 @@ share a modelopt version, together), or, with none given, from running the cells
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.check.results_file import INCOMPLETE_LINE, is_incomplete, read_results
+from harness.check.results_file import INCOMPLETE_LINE, read_results
 from harness.report.summary import cause
 from harness.paths import QUARANTINE_FILE
-from harness.records import INTERRUPTED
-from harness.scenario.scenarios import Cell, Scenario, load_all
+from harness.records import CellRecord, Outcome, RunResults
+from harness.scenario.cells import Cell, Scenario
+from harness.scenario.scenarios import load_all
 from harness.topology.topology import Topology
 
 QUARANTINE = QUARANTINE_FILE
@@ -61,6 +62,7 @@ class Quarantine:
     jobs: tuple[Job, ...]
     witness: str  # scenario names
     fix: str
+    goldens: str = ""  # the goldens loaded unpatched (existing checkpoints)
 
 
 def load_quarantine(path: Path = QUARANTINE) -> Quarantine:
@@ -75,7 +77,8 @@ def load_quarantine(path: Path = QUARANTINE) -> Quarantine:
         )
         for j in data["jobs"]
     )
-    return Quarantine(jobs, data["witness_scenario"], data["fix_scenario"])
+    return Quarantine(jobs, data["witness_scenario"], data["fix_scenario"],
+                      data.get("goldens_scenario", ""))
 
 
 def job_cells(job: Job, scenario: Scenario) -> list[Cell]:
@@ -110,128 +113,137 @@ class Verdict:
         return self.word == UNEXPECTED
 
 
-def expected_for(cell: Cell, rec: Mapping[str, Any]) -> str:
+Record = CellRecord | Mapping[str, Any]  # a results.json cell, read by CellRecord.of
+
+
+def expected_for(cell: Cell, rec: Record) -> str:
     """The cell's expectation under the (modelopt, megatron-core) pair that produced ``rec``;
     records from before pairs were recorded ran on the reference megatron-core."""
     from harness.check.versions import rules_for
 
     rec = with_pair(rec)
-    return cell.expected_under(rules_for(rec["modelopt"], rec["mcore"]))
+    return cell.expected_under(rules_for(rec.modelopt, rec.mcore))
 
 
-def with_pair(rec: Mapping[str, Any]) -> dict:
+def with_pair(rec: Record) -> CellRecord:
     """``rec`` naming its (modelopt, megatron-core) pair. A record that names no modelopt
     predates per-cell versions (2026-12-02): every such run had the then-pinned pair, 0.47.0 +
     0.19.2 (their results.json "versions" say so); one without megatron-core predates pairs
     (all on 0.19.2). A record that names an unknown version stays unknown."""
     from harness.check.versions import REFERENCE_MCORE
 
-    return {**rec, "modelopt": rec.get("modelopt") or "0.47.0",
-            "mcore": rec.get("mcore") or REFERENCE_MCORE}
+    rec = CellRecord.of(rec)
+    return replace(rec, modelopt=rec.modelopt or "0.47.0", mcore=rec.mcore or REFERENCE_MCORE)
 
 
-def pair_of(rec: Mapping[str, Any]) -> str:
+def pair_of(rec: Record) -> str:
     """``0.47.0 + mcore 0.19.2``: the pair a verdict line holds for."""
     from harness.check.versions import REFERENCE_MCORE
 
-    return f"{rec.get('modelopt')} + mcore {rec.get('mcore') or REFERENCE_MCORE}"
+    rec = CellRecord.of(rec)
+    return f"{rec.modelopt} + mcore {rec.mcore or REFERENCE_MCORE}"
 
 
-def _note(cell: Cell, rec: Mapping[str, Any] | None) -> str:
+def _note(cell: Cell, rec: CellRecord | None) -> str:
     if rec is None:
         return ""
     parts = [cause(rec)] if cause(rec) else []
-    if rec.get("notice"):
-        parts.append(rec["notice"])
+    if rec.notice:
+        parts.append(rec.notice)
     now = expected_for(cell, rec)
-    if rec.get("expected") and rec["expected"] != now:
-        parts.append(f"recorded expecting {rec['expected']}; the grid now expects {now}")
+    if rec.expected and rec.expected != now:
+        parts.append(f"recorded expecting {rec.expected}; the grid now expects {now}")
     return "; ".join(parts)
 
 
-def rejudged(cell: Cell, rec: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, str]:
+def rejudged(cell: Cell, rec: Record | None) -> tuple[CellRecord | None, str]:
     """``rec`` judged again by the one judge (harness/check/judge.py ``rejudge_record``) under
     today's rules, and a note saying so when that changes its outcome."""
     from harness.check.judge import rejudge_record
 
-    if not rec or rec.get("outcome") in ("skipped", INTERRUPTED):
+    if not rec:
+        return None, ""
+    rec = CellRecord.of(rec)
+    if rec.outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED):
         return rec, ""
-    new = rejudge_record(with_pair(rec), cell)
-    if new["outcome"] == rec.get("outcome"):
+    new = CellRecord.from_json(rejudge_record(with_pair(rec), cell))
+    if new.outcome == rec.outcome:
         return new, ""
-    return new, f"recorded as {rec.get('outcome')}; re-judged {new['outcome']} under the current rules: {change_reason(rec, new)}"
+    return new, (f"recorded as {rec.outcome}; re-judged {new.outcome} under the current rules: "
+                 f"{change_reason(rec, new)}")
 
 
-def change_reason(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+def change_reason(old: Record, new: Record) -> str:
     """Why re-judging changed a record's outcome, in one line."""
     from harness.check.logits import topology_finding
 
-    v = new.get("verify") or {}
-    ct = v.get("cross_topology") or {}
+    old, new = CellRecord.of(old), CellRecord.of(new)
+    v = new.verified
+    ct = v.cross_topology
     parts = []
-    if old.get("failed_stage") == "verify" and "logits" in (old.get("message") or ""):
+    if old.failed_stage == "verify" and "logits" in (old.message or ""):
         flips = f", {ct['routing_flips']} routing flip(s)" if ct.get("routing_flips") is not None else ""
-        parts.append(f"its failure ({old['message']}{flips}) compared the save topology's logits "
+        parts.append(f"its failure ({old.message}{flips}) compared the save topology's logits "
                      "with the load topology's: that is the cross-topology figure, now reported, "
-                     f"not asserted, and the state was bit-exact ({v.get('mismatch_count', 0)} "
+                     f"not asserted, and the state was bit-exact ({v.mismatch_count} "
                      "mismatches)")
-        parts.append(f"logits asserted: {v.get('logits_asserted') or 'none (no logits figures in this record)'}"
-                     + (f" rel {v['logits_rel_diff']:.3g}" if "logits_rel_diff" in v else ""))
-    if new.get("expected") != old.get("expected"):
-        parts.append(f"expectation {old.get('expected')} -> {new.get('expected')}")
-    if new.get("message") and new.get("message") != old.get("message"):
-        parts.append(new["message"])
-    finding = topology_finding(v)
+        parts.append(f"logits asserted: {v.logits_asserted or 'none (no logits figures in this record)'}"
+                     + (f" rel {v.logits_rel_diff:.3g}" if v.logits_rel_diff is not None else ""))
+    if new.expected != old.expected:
+        parts.append(f"expectation {old.expected or None} -> {new.expected or None}")
+    if new.message and new.message != old.message:
+        parts.append(new.message)
+    finding = topology_finding(v.figures)
     if finding:
         parts.append(finding)
     return "; ".join(parts) or "the rules changed"
 
 
-def judge(job: Job, witness: list[Cell], fix: list[Cell],
-          records: Mapping[str, Mapping[str, Any]]) -> Verdict:
+def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, Record]) -> Verdict:
     """The verdict for one job from ``records`` (cell id -> results.json record). An interrupted
     cell says nothing about the product: it counts as missing, and is shown as interrupted."""
+    records = {cid: CellRecord.of(r) for cid, r in records.items()}
     rows, notes = [], {}
-    stopped = {cid for cid, r in records.items() if r.get("outcome") == INTERRUPTED}
+    stopped = {cid for cid, r in records.items() if r.outcome == Outcome.INTERRUPTED}
     for role, cells in (("witness", witness), ("fix", fix)):
         for c in cells:
             rec, notes[c.id] = rejudged(c, None if c.id in stopped else records.get(c.id))
             rows.append((c, role, rec))
-    evidence = [Evidence(c.id, role, r["outcome"] if r else INTERRUPTED if c.id in stopped else "missing",
+    evidence = [Evidence(c.id, role, r.outcome if r else Outcome.INTERRUPTED if c.id in stopped else "missing",
                          "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
                 for c, role, r in rows]
     tier = (witness or fix)[0].scenario.tier
     v = lambda word, detail: Verdict(job, word, detail, tier, evidence)  # noqa: E731
 
     def ran(role):
-        return [r["outcome"] for _, ro, r in rows if ro == role and r and r["outcome"] != "skipped"]
+        return [r.outcome for _, ro, r in rows if ro == role and r and r.outcome != Outcome.SKIPPED]
 
     def complete(role):
-        return all(r and r["outcome"] != "skipped" for _, ro, r in rows if ro == role)
+        return all(r and r.outcome != Outcome.SKIPPED for _, ro, r in rows if ro == role)
 
-    bad = [e.cell_id for e in evidence if e.outcome == "unexpected-failure"]
+    bad = [e.cell_id for e in evidence if e.outcome == Outcome.UNEXPECTED_FAILURE]
     if bad:
         return v(UNEXPECTED, f"{len(bad)} evidence cell(s) failed unexpectedly: {', '.join(bad)}")
-    unruled = [e.cell_id for e in evidence if e.outcome == "rule-unknown"]
+    unruled = [e.cell_id for e in evidence if e.outcome == Outcome.RULE_UNKNOWN]
     if unruled:
-        pair = next((pair_of(r) for _, _, r in rows if r and r.get("outcome") == "rule-unknown"), "?")
+        pair = next((pair_of(r) for _, _, r in rows if r and r.outcome == Outcome.RULE_UNKNOWN), "?")
         return v(NO_RULE, f"no rule for the pair {pair} (harness/check/versions.py): "
                           f"{len(unruled)} evidence cell(s) ran without a prediction")
     present = [r for _, _, r in rows if r]
     if present and not ran("witness") and not ran("fix"):
-        reason = next((r.get("reason") for r in present if r.get("reason")), "") or ""
+        reason = next((r.reason for r in present if r.reason), "") or ""
         why = f"tier {tier} needs a GPU" if "GPU" in reason else reason
         return v(NO_EVIDENCE, f"on this machine ({why})")
     w, f = ran("witness"), ran("fix")
-    reproduced = "bug-reproduced" in w
+    reproduced = Outcome.BUG_REPRODUCED in w
     missing_fix = [e.cell_id for e in evidence
-                   if e.role == "fix" and e.outcome in ("missing", "skipped", INTERRUPTED)]
-    if w and complete("witness") and all(o in ("pass", "unexpected-pass") for o in w):
+                   if e.role == "fix" and e.outcome in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
+    if w and complete("witness") and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS) for o in w):
         how = ("the bug no longer reproduces (this version was expected to fail)"
-               if "unexpected-pass" in w else "this version's own rules expect it to pass, and it does")
+               if Outcome.UNEXPECTED_PASS in w else "this version's own rules expect it to pass, and it does")
         return v(SAFE, f"fixed upstream: unpatched, save {job.save.id} / load {job.load.id} "
                        f"pass: {how}")
-    if complete("fix") and all(o == "pass" for o in f):
+    if complete("fix") and all(o == Outcome.PASS for o in f):
         unpatched = ("unpatched the witness still reproduces the bug (BLOCKED without the patch)"
                      if reproduced else "no unpatched evidence here")
         return v(SAFE_WITH_PATCH, f"every patched cell at the job's shapes passes; {unpatched}")
@@ -239,13 +251,13 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell],
         fix_state = (f"fix evidence incomplete, missing {', '.join(missing_fix)}" if missing_fix
                      else f"fix cells: {', '.join(f)}")
         return v(BLOCKED, f"the unpatched witness reproduces the bug at the job's shapes; {fix_state}")
-    missing = [e.cell_id for e in evidence if e.outcome in ("missing", "skipped", INTERRUPTED)]
+    missing = [e.cell_id for e in evidence if e.outcome in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
     return v(INCOMPLETE, "cannot decide from this evidence"
              + (f"; missing {', '.join(missing)}" if missing else
                 f"; outcomes {', '.join(e.outcome for e in evidence)}"))
 
 
-def judge_records(records: Mapping[str, Mapping[str, Any]], quarantine: Quarantine | None = None,
+def judge_records(records: Mapping[str, Record], quarantine: Quarantine | None = None,
                   scenarios: list[Scenario] | None = None) -> list[Verdict]:
     q = quarantine or load_quarantine()
     by_name = {s.name: s for s in (scenarios or load_all())}
@@ -253,29 +265,31 @@ def judge_records(records: Mapping[str, Mapping[str, Any]], quarantine: Quaranti
             for j in q.jobs]
 
 
-def doc_records(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+def doc_records(doc: RunResults | Mapping[str, Any]) -> dict[str, CellRecord]:
     """cell id -> record; records from before version-aware runs take the doc's modelopt, and a
     record without a tier the doc's."""
-    return {c["cell_id"]: {"tier": doc.get("tier"), **c, "modelopt": c.get("modelopt") or _modelopt(doc),
-                           "mcore": c.get("mcore") or _mcore(doc)}
-            for c in doc.get("cells") or []}
+    run = RunResults.of(doc)
+    return {c.cell_id: replace(c, modelopt=c.modelopt or _modelopt(run), mcore=c.mcore or _mcore(run))
+            for c in run.cells}
 
 
-def judge_doc(doc: Mapping[str, Any], **kw) -> list[Verdict]:
+def judge_doc(doc: RunResults | Mapping[str, Any], **kw) -> list[Verdict]:
     return judge_records(doc_records(doc), **kw)
 
 
-def existing_checkpoints(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """What unpatched loads of the committed goldens gave: the checkpoints users already have."""
+def existing_checkpoints(records: Mapping[str, Record], goldens: str) -> list[str]:
+    """What unpatched loads of the committed goldens (scenario ``goldens``) gave: the
+    checkpoints users already have."""
     from harness.check.judge import held_after_load
 
     lines = []
     for cid, rec in sorted(records.items()):
-        if rec.get("scenario") != "gpu-golden-witness" or rec.get("outcome") == "skipped":
+        rec = CellRecord.of(rec)
+        if rec.scenario != goldens or rec.outcome == Outcome.SKIPPED:
             continue
-        what = (held_after_load(rec["verify"]) if rec.get("verify")
-                else cause(rec) or rec.get("reason") or "")
-        lines.append(f"      {cid.split('[', 1)[1].rstrip(']')}: {rec['outcome']} - {what}")
+        what = (held_after_load(rec.verify) if rec.verify
+                else cause(rec) or rec.reason or "")
+        lines.append(f"      {cid.split('[', 1)[1].rstrip(']')}: {rec.outcome} - {what}")
     return (["    existing checkpoints (tests/golden, loaded unpatched):"] + lines) if lines else []
 
 
@@ -287,10 +301,9 @@ def checkpoint_advice(modelopt_version: str) -> list[str]:
     return advice(None if modelopt_version == "unknown" else modelopt_version)
 
 
-def _versions(doc: Mapping[str, Any]) -> str:
-    v = doc.get("versions") or {}
+def _versions(run: RunResults) -> str:
     keys = ("torch", "megatron-core", "transformer-engine", "gpu")
-    return ", ".join(f"{k} {v[k]}" for k in keys if v.get(k)) or "versions unknown"
+    return ", ".join(f"{k} {run.version(k)}" for k in keys if run.version(k)) or "versions unknown"
 
 
 def format_verdicts(title: str, verdicts: list[Verdict]) -> str:
@@ -306,59 +319,61 @@ def format_verdicts(title: str, verdicts: list[Verdict]) -> str:
     return "\n".join(lines)
 
 
-def _modelopt(doc: Mapping[str, Any]) -> str:
-    return str((doc.get("versions") or {}).get("nvidia-modelopt") or "unknown")
+def _modelopt(run: RunResults) -> str:
+    return str(run.version("nvidia-modelopt") or "unknown")
 
 
-def _mcore(doc: Mapping[str, Any]) -> str:
+def _mcore(run: RunResults) -> str:
     """The run's megatron-core; runs before pairs were recorded all used the reference."""
     from harness.check.versions import REFERENCE_MCORE
 
-    return str((doc.get("versions") or {}).get("megatron-core") or REFERENCE_MCORE)
+    return str(run.version("megatron-core") or REFERENCE_MCORE)
 
 
-def _pair(doc: Mapping[str, Any]) -> str:
-    return f"(modelopt {_modelopt(doc)}, megatron-core {_mcore(doc)})"
+def _pair(run: RunResults) -> str:
+    return f"(modelopt {_modelopt(run)}, megatron-core {_mcore(run)})"
 
 
 def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list[Verdict]]:
     """Text for each (label, results doc), then for each modelopt version with several docs the
     verdict of their records together (newer runs win for the same cell). Returns all verdicts."""
     out, every = [], []
-    for label, doc in docs:
-        vds = judge_doc(doc)
+    goldens = load_quarantine().goldens
+    runs = [(label, RunResults.of(doc)) for label, doc in docs]
+    for label, run in runs:
+        vds = judge_doc(run)
         every += vds
         out.append("\n".join([format_verdicts(
-            f"== {_pair(doc)}: {label} (run {doc.get('run_id', '?')}, "
-            f"tier {doc.get('tier', '?')}; {_versions(doc)})", vds),
-            *_incomplete([doc]), *existing_checkpoints(doc_records(doc)),
-            *checkpoint_advice(_modelopt(doc))]))
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for _, doc in docs:
-        groups.setdefault(_pair(doc), []).append(doc)
+            f"== {_pair(run)}: {label} (run {run.run_id}, "
+            f"tier {run.tier or '?'}; {_versions(run)})", vds),
+            *_incomplete([run]), *existing_checkpoints(doc_records(run), goldens),
+            *checkpoint_advice(_modelopt(run))]))
+    groups: dict[str, list[RunResults]] = {}
+    for _, run in runs:
+        groups.setdefault(_pair(run), []).append(run)
     for version, group in groups.items():
         if len(group) < 2:
             continue
-        records: dict[str, Mapping[str, Any]] = {}
-        for doc in sorted(group, key=lambda d: (str(d.get("created", "")), str(d.get("run_id", "")))):
-            for cid, c in doc_records(doc).items():
-                if c.get("outcome") not in ("skipped", INTERRUPTED) or cid not in records:
+        records: dict[str, CellRecord] = {}
+        for run in sorted(group, key=lambda r: (str(r.created), str(r.run_id))):
+            for cid, c in doc_records(run).items():
+                if c.outcome not in (Outcome.SKIPPED, Outcome.INTERRUPTED) or cid not in records:
                     records[cid] = c
-        runs = ", ".join(str(d.get("run_id", "?")) for d in group)
+        ids = ", ".join(str(r.run_id) for r in group)
         vds = judge_records(records)
         every += vds
         out.append("\n".join([format_verdicts(
-            f"== {version}: all {len(group)} runs together ({runs}; newer runs win for "
-            "the same cell)", vds), *_incomplete(group), *existing_checkpoints(records)]))
+            f"== {version}: all {len(group)} runs together ({ids}; newer runs win for "
+            "the same cell)", vds), *_incomplete(group), *existing_checkpoints(records, goldens)]))
     return "\n\n".join(out), every
 
 
-def _incomplete(docs: list[Mapping[str, Any]]) -> list[str]:
+def _incomplete(runs: list[RunResults]) -> list[str]:
     """A warning line when evidence comes from a run that stopped early (cells may be missing)."""
-    runs = [str(d.get("run_id", "?")) for d in docs if is_incomplete(d)]
-    if not runs:
+    stopped = [str(r.run_id) for r in runs if r.incomplete]
+    if not stopped:
         return []
-    return [f"  WARNING: {INCOMPLETE_LINE}" + (f" (run {', '.join(runs)})" if len(docs) > 1 else "")]
+    return [f"  WARNING: {INCOMPLETE_LINE}" + (f" (run {', '.join(stopped)})" if len(runs) > 1 else "")]
 
 
 def read_docs(paths: list[str | Path]) -> list[tuple[str, Mapping[str, Any]]]:

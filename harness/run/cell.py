@@ -14,12 +14,14 @@ from harness.check import judge
 from harness.check.versions import installed_modelopt
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.pool import POOLS, PoolKey, stage_mode
-from harness.launch.torchrun import run_stage, shutdown_signal
+from harness.launch.signals import shutdown_signal
+from harness.launch.torchrun import run_stage
 from harness.paths import GOLDEN_DIR, safe_name
 from harness.rank.spec import StageSpec
 from harness.records import CellRecord, StageResult
 from harness.run.results import write_record
-from harness.scenario.scenarios import Cell
+from harness.scenario.cells import Cell
+from harness.tiers import StageMode, facts
 
 
 def _spec(cell: Cell, stage: str, topo, save_dir: Path) -> StageSpec:
@@ -69,9 +71,9 @@ def prepare_golden(name: str, save_dir: Path, golden_root: Path = GOLDEN_DIR) ->
     import time
 
     from harness.check.expect import expected_state, read_checkpoint_tensors, write_reference
-    from harness.golden.inspect import inspect_checkpoint
+    from harness.golden.layout import inspect_checkpoint
     from harness.golden.manifest import copy_to_temp
-    from harness.scenario.scenarios import golden_topology
+    from harness.scenario.goldens import golden_topology
 
     start = time.monotonic()
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +100,7 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
     """THE place a stage starts: a fresh torchrun, or a warm rank pool (HARNESS_STAGE_MODE)."""
     spec_path = spec.write(stage_dir / "spec.json")
     timeout_s, env = cell.scenario.stage_timeout_s, _tier_env(spec.tier)
-    if stage_mode(spec.tier) == "pool":
+    if stage_mode(spec.tier) == StageMode.POOL:
         # pools live in the run directory: every stage's checkpoint is <run>/saves/<id>/ckpt
         run_dir = Path(spec.ckpt_dir).parents[2]
         key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run_dir, env)
@@ -110,7 +112,7 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
 
 def _tier_env(tier: str) -> dict:
     env = {}
-    if tier == "gpu":
+    if facts(tier).process_group == "nccl":
         from harness.rank.guard import nccl_env
 
         env.update(nccl_env())

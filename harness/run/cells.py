@@ -10,16 +10,17 @@ from pathlib import Path
 
 from harness.scenario.machine import tier_skip_reason, versions
 from harness.launch.pool import POOLS, stage_mode
-from harness.launch.torchrun import shutdown_signal
+from harness.launch.signals import shutdown_signal
 from harness.paths import safe_name
-from harness.records import UNEXPECTED_OUTCOMES, CellRecord
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome
 from harness.run.cell import new_record, run_cell
 from harness.run.results import collect, new_run_dir, write_record
+from harness.tiers import StageMode
 
 
 def _skipped(cell, reason: str) -> CellRecord:
     rec = new_record(cell)
-    rec.outcome, rec.reason = "skipped", reason
+    rec.outcome, rec.reason = Outcome.SKIPPED, reason
     return rec
 
 
@@ -42,7 +43,7 @@ def _phase_order(cells: list, stage: str) -> list:
     phase's stages grouped that way lets each stage find the pool the previous one left idle,
     and the groups that have an idle pool now (left by the save phase) go first, before other
     groups start pools. The fresh mode keeps the scenario's order."""
-    if all(stage_mode(c.scenario.tier) != "pool" for c in cells):
+    if all(stage_mode(c.scenario.tier) != StageMode.POOL for c in cells):
         return cells
     warm = POOLS.idle_shapes()
 
@@ -64,7 +65,7 @@ def prestart_save_pools(cells, run_dir: Path) -> int:
     keys = [PoolKey.of(c.save.world_size, c.scenario.tier, c.scenario.patch, c.scenario.backend,
                        run_dir, _tier_env(c.scenario.tier))
             for c in cells
-            if c.load is None and not c.golden and stage_mode(c.scenario.tier) == "pool"]
+            if c.load is None and not c.golden and stage_mode(c.scenario.tier) == StageMode.POOL]
     POOLS.prestart(keys)
     return len(keys)
 
@@ -110,12 +111,12 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
 
 def dump_metadata(topo, tier: str, backend: str, patch: str, out: Path, results_root: Path) -> int:
     from harness.launch.torchrun import run_stage
-    from harness.model.gpt import CPU_SIZE, GPU_SIZE
+    from harness.model.gpt import default_size
     from harness.rank.spec import StageSpec
 
     from harness.topology.topology import TopologyError
 
-    size = GPU_SIZE if backend == "te" else CPU_SIZE
+    size = default_size(backend)
     try:
         topo.check(size)
     except TopologyError as exc:

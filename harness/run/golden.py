@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.golden.manifest import GoldenError, write_manifest
+from harness.tiers import Tier, facts
 
 
-def make_golden(out: Path | str, *, topology: str, validate_sharding: bool, tier: str = "gpu-shared",
+def make_golden(out: Path | str, *, topology: str, validate_sharding: bool, tier: str = Tier.GPU_SHARED,
          timeout_s: float = 900, notes: str = "") -> Path:
     """Save stage of the harness model at ``topology`` into ``out/ckpt``, then write the manifest.
 
@@ -29,7 +30,7 @@ def make_golden(out: Path | str, *, topology: str, validate_sharding: bool, tier
     topo = Topology.parse(topology)
     size = GOLDEN_SIZE.as_dict()
     spec = StageSpec(stage="save", topology=topo.id, tier=tier,
-                     backend="local" if tier == "cpu" else "te", size=size,
+                     backend=facts(tier).backend, size=size,
                      ckpt_dir=str(d / "ckpt"), reference_dir=str(d / ".work" / "reference"),
                      validate_sharding=validate_sharding)
     spec_path = spec.write(d / ".work" / "spec.json")

@@ -34,38 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.paths import REPO_ROOT
-from harness.records import UNEXPECTED_OUTCOMES
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Expected, Outcome, RunResults
+from harness.scenario import selections
+from harness.tiers import Tier
 
-COLUMNS = ("import", "witness", "second-bug", "fix", "goldens", "cpu-reshard", "oracle")
-SCENARIO_COLUMN = {"gpu-witness": "witness", "gpu-fix": "fix", "gpu-golden-witness": "goldens",
-                   "cpu-reshard": "cpu-reshard"}
-# The cells that decide a version's verdict, about 15 stages on the GPU: the report's save and
-# the Ultra job (tp4-etp1-ep8, saved and reloaded), the smallest failing save (tp2-etp1-ep2);
-# the Nano QAD story (save
-# tp1-etp1-ep8, reload tp4-etp1-ep8); loads at TP < ETP and at one rank holding every expert
-# (the second bug); the patched job shapes; every golden; one cpu cell.
-MATRIX_CELLS = (
-    "gpu-witness[save=tp2-etp1-ep2-pp1,save-only]",
-    "gpu-witness[save=tp4-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",  # Ultra PTQ save/load
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp2-ep1-pp1]",
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp1-ep1-pp1]",
-    "gpu-fix[save=tp4-etp1-ep8-pp1,save-only]",
-    "gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-golden-witness*",
-    "cpu-reshard[save=tp1-etp1-ep2-pp1,load=tp1-etp1-ep1-pp1]",
-)
-# The deciding cells per (modelopt, megatron-core) pair (MATRIX_CELLS_SET=pairs; issue 24), kept
-# small because six pairs share one GPU: the report's and Ultra's shape (tp4-etp1-ep8 saved and
-# reloaded), the Nano QAD cell, a TP < ETP load where a rank holds every expert (second bug),
-# the patched Nano cell, every golden.
-PAIR_CELLS = (
-    "gpu-witness[save=tp4-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-witness[save=tp1-etp1-ep8-pp1,load=tp1-etp2-ep1-pp1]",
-    "gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]",
-    "gpu-golden-witness*",
-)
+COLUMNS = selections.listed("matrix", "table")
+# Which cells run and which column each scenario's cells count in: scenarios/selections.toml.
+SCENARIO_COLUMN = selections.matrix_columns()
+MATRIX_CELLS = selections.listed("matrix", "cells")
+PAIR_CELLS = selections.listed("matrix", "pair_cells")
+GOLDENS = "goldens"  # the column of the committed goldens loaded unpatched (goldens_table)
 
 
 def cell_set() -> tuple[str, ...]:
@@ -141,11 +119,12 @@ def pair_label(modelopt: str, mcore: str) -> str:
     return f"modelopt {modelopt} + mcore {mcore}"
 
 
-def column_of(record: dict) -> str:
+def column_of(record: CellRecord | dict) -> str:
     """Which matrix column a cell record counts in."""
-    col = SCENARIO_COLUMN.get(record["scenario"], record["scenario"])
-    if col == "witness" and record.get("load_topology") and record.get("expected") in (
-            "amax-lost", "pass") and _holds_several_experts(record):
+    record = CellRecord.of(record)
+    col = SCENARIO_COLUMN.get(record.scenario, record.scenario)
+    if col == "witness" and record.load_topology and record.expected in (
+            Expected.AMAX_LOST, Expected.PASS) and _holds_several_experts(record):
         return "second-bug"
     return col
 
@@ -158,11 +137,11 @@ def _scenario_sizes() -> dict:
     return {s.name: s.size for s in load_all()}
 
 
-def _holds_several_experts(record: dict) -> bool:
+def _holds_several_experts(record: CellRecord) -> bool:
     from harness.topology.topology import Topology
 
-    size = _scenario_sizes().get(record["scenario"])
-    return bool(size) and size.num_experts // Topology.parse(record["load_topology"]).ep > 1
+    size = _scenario_sizes().get(record.scenario)
+    return bool(size) and size.num_experts // Topology.parse(record.load_topology).ep > 1
 
 
 def cells_from_results(doc: dict) -> dict[str, TableEntry]:
@@ -170,22 +149,22 @@ def cells_from_results(doc: dict) -> dict[str, TableEntry]:
     out: dict[str, TableEntry] = {}
     reasons: dict[str, Counter] = {}
     lost: dict[str, list[str]] = {}
-    for c in doc.get("cells", []):
+    for c in RunResults.of(doc).cells:
         col = column_of(c)
         cell = out.setdefault(col, TableEntry())
-        cell.counts[c["outcome"]] = cell.counts.get(c["outcome"], 0) + 1
-        if c["tier"] not in cell.tiers:
-            cell.tiers.append(c["tier"])
-        if c["outcome"] in ("skipped", "blocked") and c.get("reason"):
-            reasons.setdefault(col, Counter())[c["reason"].split(";")[0][:120]] += 1
-        st = (c.get("verify") or {}).get("expert_amax_state")
+        cell.counts[c.outcome] = cell.counts.get(c.outcome, 0) + 1
+        if c.tier not in cell.tiers:
+            cell.tiers.append(c.tier)
+        if c.outcome in (Outcome.SKIPPED, Outcome.BLOCKED) and c.reason:
+            reasons.setdefault(col, Counter())[c.reason.split(";")[0][:120]] += 1
+        st = c.verified.expert_amax_state
         if col == "second-bug" and st and st.get("saved"):
             lost.setdefault(col, []).append(f"{st['saved'] - st['restored']}/{st['saved']}")
-        if c["outcome"] in ("bug-reproduced", "unexpected-failure", "rule-unknown") and (
-                c.get("exception_type") or c.get("failing_key")):
+        if c.outcome in (Outcome.BUG_REPRODUCED, Outcome.UNEXPECTED_FAILURE, Outcome.RULE_UNKNOWN) and (
+                c.exception_type or c.failing_key):
             # what failed, named exactly (the key with its layer/expert numbers folded)
-            key = re.sub(r"\.\d+\.", ".N.", c.get("failing_key") or "")
-            exc = (c.get("exception_type") or "error").rsplit(".", 1)[-1]
+            key = re.sub(r"\.\d+\.", ".N.", c.failing_key or "")
+            exc = (c.exception_type or "error").rsplit(".", 1)[-1]
             reasons.setdefault(col, Counter())[f"{exc}" + (f" on {key}" if key else "")] += 1
     for col, r in reasons.items():
         out[col].note = "; ".join(k for k, _ in r.most_common(2))
@@ -194,18 +173,18 @@ def cells_from_results(doc: dict) -> dict[str, TableEntry]:
     return out
 
 
-def _held(record: dict) -> str:
+def _held(record: CellRecord) -> str:
     """One line: the load's refusal (exception, key) or what the model holds after it."""
     from harness.launch.failures import failing_key
     from harness.check.judge import held_after_load
 
-    if record.get("verify"):
-        return held_after_load(record["verify"])
-    message = record.get("message") or record.get("reason") or ""
-    if record.get("failed_stage") != "load":
+    if record.verify:
+        return held_after_load(record.verify)
+    message = record.message or record.reason or ""
+    if record.failed_stage != "load":
         return message.splitlines()[0][:160] if message else ""
-    exc = (record.get("exception_type") or "error").rsplit(".", 1)[-1]
-    key = record.get("failing_key") or failing_key(message)
+    exc = (record.exception_type or "error").rsplit(".", 1)[-1]
+    key = record.failing_key or failing_key(message)
     first = message.strip().splitlines()[0][:120] if message.strip() else ""
     return f"load refused: {exc}" + (f" on `{key}`" if key else f": {first}")
 
@@ -215,11 +194,11 @@ def goldens_table(rows: dict[str, list[dict]]) -> str:
     lines = ["| modelopt | golden -> load | outcome | what the model holds after the load |",
              "| --- | --- | --- | --- |"]
     for v, cells in rows.items():
-        for c in cells:
-            if c["scenario"] != "gpu-golden-witness":
+        for c in map(CellRecord.of, cells):
+            if column_of(c) != GOLDENS:
                 continue
-            head = c["cell_id"].split("[", 1)[1].rstrip("]").replace("golden=", "")
-            lines.append(f"| {v} | {head} | {c['outcome']} (expected {c['expected']}) | "
+            head = c.cell_id.split("[", 1)[1].rstrip("]").replace("golden=", "")
+            lines.append(f"| {v} | {head} | {c.outcome} (expected {c.expected}) | "
                          f"{_held(c)} |")
     return "\n".join(lines)
 
@@ -229,7 +208,7 @@ def cell_from_pytest(rc: int | None, output: str) -> TableEntry:
     counts = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (passed|failed|skipped|error|errors)\b", output)}
     if not counts:
         return TableEntry(note=f"pytest gave no summary (exit {rc})")
-    return TableEntry(counts, ["cpu"], "megatron-core only, modelopt not exercised")
+    return TableEntry(counts, [Tier.CPU], "megatron-core only, modelopt not exercised")
 
 
 PAIR_COLUMNS = ("witness", "second-bug", "fix", "goldens")
@@ -255,7 +234,7 @@ def render_pair_table(rows: dict[str, dict[str, TableEntry]], pairs: dict[str, t
             row = rows.get(label) if label else None
             if row is None:
                 cells.append("not run")
-            elif "witness" not in row and "import" in row and not row["import"].counts.get("pass"):
+            elif "witness" not in row and "import" in row and not row["import"].counts.get(Outcome.PASS):
                 cells.append(f"no env/import: {row['import'].note or '-'}")
             else:
                 cells.append(" / ".join(_short(row.get(c)) for c in PAIR_COLUMNS))
@@ -323,9 +302,9 @@ def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str,
     rc, out = _run([py, "-c", IMPORT_PROBE], TIMEOUTS["import"], logs / "import.log")
     if rc != 0:
         why = "timed out" if rc is None else _last_line(out)
-        cells["import"] = TableEntry({"fail": 1}, ["cpu"], why)
+        cells["import"] = TableEntry({"fail": 1}, [Tier.CPU], why)
         return cells, []  # nothing else can run in this env
-    cells["import"] = TableEntry({"pass": 1}, ["cpu"], _last_line(out).replace("modelopt ", "", 1))
+    cells["import"] = TableEntry({Outcome.PASS: 1}, [Tier.CPU], _last_line(out).replace("modelopt ", "", 1))
     cmd = [py, "-m", "harness", "--results-root", str(logs / "results"), "run", "--label",
            f"matrix-{logs.name}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
     for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in cell_set()):
@@ -363,11 +342,11 @@ def rows_of_cut_off_run(root: Path) -> dict[str, tuple[dict[str, TableEntry], li
     done = {}
     for found in sorted(root.glob(PAIR_RESULTS)):
         doc = rejudged_doc(json.loads(found.read_text()))
-        ver = doc.get("versions", {})
-        label = pair_label(ver.get("nvidia-modelopt", "?"), ver.get("megatron-core"))
+        run = RunResults.of(doc)
+        label = pair_label(run.version("nvidia-modelopt") or "?", run.version("megatron-core"))
         imp = found.parents[2] / "import.log"
         note = _last_line(imp.read_text(errors="replace")) if imp.exists() else ""
-        cells = {"import": TableEntry({"pass": 1}, ["cpu"], note.replace("modelopt ", "", 1))}
+        cells = {"import": TableEntry({Outcome.PASS: 1}, [Tier.CPU], note.replace("modelopt ", "", 1))}
         cells.update(cells_from_results(doc))
         cells["oracle"] = TableEntry(note="not run in pairs mode (cpu tier checks it per mcore)")
         done[label] = (cells, doc["cells"])
@@ -429,7 +408,7 @@ def main(args) -> int:
           f"{time.time() - t0:.0f} s; {root}/matrix.md")
     bad = [v for v, cells in rows.items() if any(
         n for c in cells.values() for o, n in c.counts.items()
-        if o in ("fail", "failed", "error", "errors", "rule-unknown", *UNEXPECTED_OUTCOMES))]
+        if o in ("fail", "failed", "error", "errors", Outcome.RULE_UNKNOWN, *UNEXPECTED_OUTCOMES))]
     for v in bad:  # one line each: a nightly job goes red on a typo, a broken or an unruled pair
         print(f"matrix: error: {v}: {first_problem(rows[v])}", file=sys.stderr)
     return 1 if bad else 0
@@ -438,6 +417,6 @@ def main(args) -> int:
 def first_problem(cells: dict[str, TableEntry]) -> str:
     """The first table cell of a row that failed or could not run, as text."""
     for name, cell in cells.items():
-        if any(o not in ("pass", "passed", "skipped") for o in cell.counts):
+        if any(o not in (Outcome.PASS, "passed", Outcome.SKIPPED) for o in cell.counts):
             return f"{name}: {cell.text()}"
     return "failed"

@@ -10,17 +10,14 @@ import time
 from pathlib import Path
 
 from harness.run.results import exit_code
+from harness.scenario import selections
 from harness.scenario.machine import tier_skip_reason, versions
+from harness.tiers import Tier
 from harness.topology.topology import Topology
 
-REPORT_TOPOLOGY = "tp4-etp1-ep8-pp1"
 VALIDATION_SHOWCASE = ["tp2-etp1-ep2", "tp1-etp2-ep1", "tp2-etp1-ep1", "tp1-etp1-ep2"]
-GPU_REPRO_CELLS = [
-    f"gpu-witness[save={REPORT_TOPOLOGY},save-only]",
-    f"gpu-witness[save=tp1-etp1-ep8-pp1,load={REPORT_TOPOLOGY}]",  # the Nano QAD story
-    f"gpu-fix[save={REPORT_TOPOLOGY},load={REPORT_TOPOLOGY}]",
-    f"gpu-fix[save={REPORT_TOPOLOGY},load=tp2-etp2-ep4-pp1]",
-]
+GPU_REPRO_CELLS = list(selections.listed("repro", "gpu_host"))  # scenarios/selections.toml
+CPU_REPRO_CELLS = list(selections.listed("repro", "cpu_only"))
 
 
 def _header(tier: str, why: str) -> None:
@@ -141,20 +138,20 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
     rank_env = key_environment()
     early = (_start_save_pools_early(gpu_cells, results_root)
              if gpu != "no" and _looks_like_gpu_host() else None)
-    gpu_reason = tier_skip_reason("gpu-shared", 8)
+    gpu_reason = tier_skip_reason(Tier.GPU_SHARED, 8)
     use_gpu = gpu == "yes" or (gpu == "auto" and gpu_reason is None)
     if gpu == "yes" and gpu_reason:
         _drop_early_run(early)
         print(f"error: --gpu yes but {gpu_reason}")
         return 2
     if use_gpu:
-        _header("gpu-shared", "CUDA GPU and Transformer Engine found")
+        _header(Tier.GPU_SHARED, "CUDA GPU and Transformer Engine found")
         if early is not None:
             _keep_rank_env(rank_env)
         doc = run_cells(gpu_cells, results_root, "repro-gpu", jobs=4, run_dir=early)
     else:
         _drop_early_run(early)
-        _header("cpu", gpu_reason or "forced with --gpu no")
+        _header(Tier.CPU, gpu_reason or "forced with --gpu no")
         print("   GPU tiers (gpu-shared, gpu) need a CUDA GPU + Transformer Engine; "
               "run `make repro` on a GPU host or in the docker image for the TEGroupedMLP path.")
         _show_map()
@@ -162,7 +159,7 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
 
         ok = _show_real_validation(new_run_dir(results_root, "repro-probe"))
         print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
-        doc = run_cells(select_cells([s for s in scenarios if s.name == "cpu-reshard"]),
+        doc = run_cells(select_cells(scenarios, CPU_REPRO_CELLS),
                         results_root, "repro-cpu", jobs=1)
         if not ok:
             return 1

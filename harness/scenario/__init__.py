@@ -1,1 +1,1 @@
-"""Scenario files -> cells, tiers and what this machine can run, the quarantine file."""
+"""Scenario files -> cells: schema, cells and expectations, goldens, selections, what this machine can run."""

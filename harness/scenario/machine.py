@@ -11,7 +11,8 @@ import importlib.metadata as md
 import os
 import platform
 
-TIERS = ("cpu", "gpu-shared", "gpu")
+from harness.tiers import TIERS, facts
+
 # megatron-core releases the harness runs on (the model builder, its cpu shims, the probes);
 # 0.19.2 is the reference. Which (ModelOpt, megatron-core) pairs have a rule is a separate
 # question: harness/check/versions.py. Outside the range a run needs the override.
@@ -67,7 +68,7 @@ def tier_skip_reason(tier: str, world: int = 1) -> str | None:
     """Why ``tier`` cannot run a ``world``-rank job here, or None when it can."""
     if tier not in TIERS:
         return f"unknown tier {tier!r}; expected one of {', '.join(TIERS)}"
-    if tier == "cpu":
+    if not facts(tier).cuda:
         import importlib.util
 
         if importlib.util.find_spec("transformer_engine") is not None:
@@ -80,7 +81,7 @@ def tier_skip_reason(tier: str, world: int = 1) -> str | None:
         return f"tier {tier} needs a CUDA GPU; none visible (run the cpu tier here)"
     if te_import_error():
         return f"tier {tier} needs Transformer Engine: {te_import_error()}"
-    if tier == "gpu" and gpu_count() < world:
+    if facts(tier).gpu_per_rank and gpu_count() < world:
         return (
             f"tier gpu needs one GPU per rank: {world} ranks, {gpu_count()} GPU(s) visible "
             "(tier gpu-shared runs it on fewer GPUs over gloo)"

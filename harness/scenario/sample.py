@@ -11,8 +11,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from harness.model.gpt import CPU_SIZE, GPU_SIZE, ModelSize
-from harness.scenario.scenarios import Scenario, load_all
+from harness.model.gpt import ModelSize, default_size
+from harness.records import ExpectMode
+from harness.scenario.cells import Scenario
+from harness.scenario.scenarios import load_all
+from harness.tiers import Backend, Tier, facts
 from harness.topology.topology import Topology, enumerate_topologies
 
 LAYERS = (1, 2, 3, 4)
@@ -42,11 +45,7 @@ def committed_cells() -> set[tuple]:
             if c.load is not None and not c.golden}
 
 
-def _sizes(tier: str) -> ModelSize:
-    return CPU_SIZE if tier == "cpu" else GPU_SIZE
-
-
-def draw_cells(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str = "gpu-shared",
+def draw_cells(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str = Tier.GPU_SHARED,
                exclude: set[tuple] | None = None, loads_per_save: int = 1) -> list[Draw]:
     """``count`` distinct draws, none in ``exclude`` (default: the committed grid's cells).
 
@@ -58,8 +57,8 @@ def draw_cells(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str 
         raise ValueError("cells must be >= 0, loads per save and ranks >= 1")
     rng = random.Random(seed)
     exclude = committed_cells() if exclude is None else exclude
-    base = _sizes(tier)
-    max_pp = 1 if tier == "cpu" else MAX_PP
+    base = default_size(facts(tier).backend)
+    max_pp = MAX_PP if facts(tier).cuda else 1
     out, seen, tries = [], set(exclude), 0
     while len(out) < count:
         tries += 1
@@ -69,7 +68,7 @@ def draw_cells(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str 
         experts = rng.choice(EXPERTS)
         size = replace(base, num_layers=rng.choice(LAYERS), num_experts=experts,
                        moe_router_topk=rng.choice([k for k in TOPK if k <= experts]))
-        topos = _topologies(max_ranks, max_pp, size, tier == "cpu")
+        topos = _topologies(max_ranks, max_pp, size, facts(tier).backend == Backend.LOCAL)
         save = rng.choice(topos)
         for load in rng.sample(topos, min(len(topos), loads_per_save + 1)):
             d = Draw(save, load, size)
@@ -98,12 +97,12 @@ def _topologies(max_ranks: int, max_pp: int, size: ModelSize, local_backend: boo
                   and not (local_backend and (t.tp > 1 or t.etp > 1)))
 
 
-def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str = "gpu-shared",
+def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str = Tier.GPU_SHARED,
                      patch: str = "none", exclude: set[tuple] | None = None,
                      loads_per_save: int = 1) -> list[Scenario]:
     """One ordinary scenario per drawn (save, model size), named ``sample-s<seed>-<i>``, with its
     save-only cell and its loads (each scenario has its own model size, so its own save)."""
-    backend = "local" if tier == "cpu" else "te"
+    backend = facts(tier).backend
     gaps = known_gaps_of(backend)
     groups: dict[tuple, list[Draw]] = {}
     for d in draw_cells(seed, count, max_ranks, tier, exclude, loads_per_save):
@@ -114,7 +113,7 @@ def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier
             name=f"sample-s{seed}-{i:03d}",
             description=(f"sampled (seed {seed}): {s.num_layers} layers, {s.num_experts} experts, "
                          f"top-{s.moe_router_topk}; save {save.id}"),
-            tier=tier, backend=backend, patch=patch, expect="oracle", size=s,
+            tier=tier, backend=backend, patch=patch, expect=ExpectMode.ORACLE, size=s,
             saves=(save,), loads=tuple(d.load for d in draws), logits_reference="load-topology",
             known_gaps=gaps,
             stage_timeout_s=300.0, source=f"harness sample --seed {seed}"))

@@ -26,13 +26,19 @@ from pathlib import Path
 _EXPERT_WEIGHT_AMAX = re.compile(r"\.experts\..*weight_quantizer\.\d+\._amax$")
 
 
+def amax_buffers(model) -> dict:
+    """Every quantizer ``_amax`` (and ``_global_amax``) on the model, by module state-dict key."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()
+            if "_quantizer" in k and k.endswith("amax")}
+
+
 def main(golden: Path, out: Path) -> int:
     import torch
 
     from harness.golden.manifest import verify_manifest
     from harness.model.checkpoint import load_checkpoint, restore_modelopt_state, sharded_metadata
     from harness.model.gpt import build_gpt
-    from harness.model.quant import amax_buffers, quantize_nvfp4
+    from harness.model.quant import quantize_nvfp4
     from harness.rank.logits import _figures, measure_logits
     from harness.rank.setup import Clock, device, prepare_rank
     from harness.rank.spec import StageSpec

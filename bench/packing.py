@@ -1,4 +1,4 @@
-"""GPU packing: which cell runs on which GPUs, and which GPUs each pytest-xdist worker owns.
+"""GPU packing of a nightly grid: which cell runs on which GPUs (bench/grid.py).
 
 Why: a nightly run on one 8-GPU node is mostly small cells (2 or 4 ranks). Running them one at
 a time leaves most GPUs idle; running them at once on overlapping GPUs makes NCCL ranks of two
@@ -14,21 +14,15 @@ A ``gpu`` cell with more ranks than visible GPUs either falls back to ``gpu-shar
 visible GPU or is skipped; either way its ``reason`` names the constraint
 (``needs 8 GPUs for tier gpu, 2 visible``) so the report can say why.
 
-This module imports neither torch nor CUDA: the xdist side must run before CUDA initialises.
 """
 from __future__ import annotations
 
 import heapq
-import os
-import re
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence, Union
+from typing import Iterable
 
-from harness.scenario.machine import TIERS
-
-
-Gpus = Union[int, Sequence[str], str]
-"""A GPU count, a list of device ids, or a ``CUDA_VISIBLE_DEVICES``-style string."""
+from harness.launch.gpus import Gpus, plural_gpus, visible_gpus
+from harness.tiers import TIERS, Tier, facts, gpus_needed
 
 
 @dataclass(frozen=True)
@@ -42,7 +36,7 @@ class CellDemand:
 
     cell_id: str
     ranks: int
-    tier: str = "gpu"
+    tier: str = Tier.GPU
     shared_gpus: int = 1
     seconds: float = 0.0
 
@@ -80,53 +74,15 @@ class Assignment:
         return ",".join(self.gpus)
 
 
-def visible_gpus(gpus: Gpus | None = None, environ: Mapping[str, str] | None = None) -> list[str]:
-    """Device ids the pool may hand out.
-
-    ``None`` reads ``CUDA_VISIBLE_DEVICES`` (unset: no GPUs, since this module must not ask CUDA);
-    an int ``n`` means devices ``0..n-1``; a string is parsed like ``CUDA_VISIBLE_DEVICES``
-    (indices, ``GPU-<uuid>`` or ``MIG-<uuid>``; an empty string or ``-1`` hides every GPU).
-    """
-    if gpus is None:
-        env = os.environ if environ is None else environ
-        gpus = env.get("CUDA_VISIBLE_DEVICES", "")
-    if isinstance(gpus, int):
-        if gpus < 0:
-            raise ValueError(f"GPU count must be >= 0 (got {gpus})")
-        return [str(i) for i in range(gpus)]
-    if isinstance(gpus, str):
-        out = []
-        for item in (p.strip() for p in gpus.split(",")):
-            # CUDA stops at the first invalid entry; "-1" is the usual way to hide all GPUs.
-            if not item or item.startswith("-"):
-                break
-            out.append(item)
-        return out
-    return [str(g) for g in gpus]
-
-
-def gpus_needed(tier: str, ranks: int, shared_gpus: int = 1) -> int:
-    """The fewest GPUs a cell of this tier and size can run on."""
-    if tier == "cpu":
-        return 0
-    if tier == "gpu":
-        return ranks
-    return max(1, min(shared_gpus, ranks))
-
-
-def _plural(n: int) -> str:
-    return f"{n} GPU" if n == 1 else f"{n} GPUs"
-
-
 def _fit(cell: CellDemand, n_visible: int, on_too_big: str) -> tuple[str, int, str | None]:
     """(tier, GPUs, reason) for one cell, or tier "" when it cannot run here at all."""
     need = gpus_needed(cell.tier, cell.ranks, cell.shared_gpus)
     if need <= n_visible:
         return cell.tier, need, None
-    why = f"needs {_plural(need)} for tier {cell.tier}, {n_visible} visible"
-    if cell.tier == "gpu" and on_too_big == "shared" and n_visible >= 1:
+    why = f"needs {plural_gpus(need)} for tier {cell.tier}, {n_visible} visible"
+    if facts(cell.tier).gpu_per_rank and on_too_big == "shared" and n_visible >= 1:
         # Spread the ranks over every visible GPU: the least sharing that is possible here.
-        return "gpu-shared", n_visible, f"{why}; running as gpu-shared on {_plural(n_visible)}"
+        return Tier.GPU_SHARED, n_visible, f"{why}; running as gpu-shared on {plural_gpus(n_visible)}"
     return "", 0, why
 
 
@@ -214,43 +170,8 @@ def estimate_wall(durations: Iterable[tuple[int, float]], n_gpus: int) -> float:
         if need <= 0:
             cpu_total += seconds
             continue
-        cells.append(CellDemand(f"job{i:05d}", max(1, min(int(need), n_gpus)), "gpu", seconds=max(seconds, 1e-9)))
+        cells.append(CellDemand(f"job{i:05d}", max(1, min(int(need), n_gpus)), Tier.GPU, seconds=max(seconds, 1e-9)))
     plan = plan_schedule(cells, n_gpus)
     by_id = {c.cell_id: c.seconds for c in cells}
     gpu_wall = max((a.start + by_id[a.cell_id] for a in plan), default=0.0)
     return max(gpu_wall, cpu_total)
-
-
-_WORKER_RE = re.compile(r"^gw(\d+)$")
-
-
-def worker_visible_devices(worker_id: str, n_gpus: Gpus, n_workers: int) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for one pytest-xdist worker: a disjoint block of the GPUs.
-
-    Called from a conftest hook before anything initialises CUDA (CUDA reads the variable once).
-    ``worker_id`` is xdist's ``gw<k>``; ``"master"`` (no xdist) gets every GPU. ``n_gpus`` is a
-    count or the parent's visible device list. G GPUs over W workers gives blocks of G // W,
-    the first G % W workers one more. No GPUs gives ``""`` (cpu tests hide the devices). More
-    workers than GPUs cannot be disjoint and raises, naming the fix.
-    """
-    devices = visible_gpus(n_gpus)
-    if worker_id in ("master", "", None):
-        return ",".join(devices)
-    m = _WORKER_RE.match(worker_id)
-    if not m:
-        raise ValueError(f"not a pytest-xdist worker id: {worker_id!r} (expected gw0, gw1, ...)")
-    k = int(m.group(1))
-    if n_workers < 1 or k >= n_workers:
-        raise ValueError(f"worker {worker_id} is outside {n_workers} workers")
-    if not devices:
-        return ""
-    g = len(devices)
-    if n_workers > g:
-        raise ValueError(
-            f"{n_workers} xdist workers for {_plural(g)}: each worker needs a GPU of its own; "
-            f"run with -n {g} or fewer"
-        )
-    base, extra = divmod(g, n_workers)
-    first = k * base + min(k, extra)
-    width = base + (1 if k < extra else 0)
-    return ",".join(devices[first:first + width])

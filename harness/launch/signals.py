@@ -1,0 +1,54 @@
+"""Controller side: the signals that stop a run (Ctrl-C, a CI cancel, ``timeout``).
+
+Why: ranks live in sessions of their own and would outlive a killed controller; on a signal
+every running stage, in any thread, tears down at once and no new stage starts.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+SHUTDOWN = threading.Event()
+
+
+_SIGNAL: list[str] = []  # the name of the signal that set SHUTDOWN
+
+
+def shutdown_signal() -> str | None:
+    """The signal that stopped this controller (every stage tears down), or None."""
+    return (_SIGNAL[0] if _SIGNAL else "shutdown") if SHUTDOWN.is_set() else None
+
+
+def _stop(signum: int) -> None:
+    _SIGNAL.append(signal.Signals(signum).name)
+    SHUTDOWN.set()
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """On the controller's SIGTERM (CI job cancel, ``timeout``) every running ``run_stage``, in
+    any thread, tears its torchrun down at once, and the main thread exits (pytest). Ranks live
+    in sessions of their own and would otherwise outlive a killed controller (seen: a pytest
+    killed by ``timeout`` left an 8-rank probe running). Install from the main thread."""
+    def on_sigterm(signum, frame):
+        _stop(signum)
+        sys.exit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def interrupt_on_signals() -> None:
+    """The CLI's handling of Ctrl-C (SIGINT) and SIGTERM: every running stage tears down at
+    once, no new stage starts, and the caller goes on to write partial results marked
+    incomplete (harness/run/cells.py). A second signal stops waiting for that."""
+    def on_signal(signum, frame):
+        if SHUTDOWN.is_set():
+            raise KeyboardInterrupt
+        _stop(signum)
+        print(f"\n{signal.Signals(signum).name}: stopping every running stage; the cells so far "
+              "are written as a partial results.json", file=sys.stderr, flush=True)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)
