@@ -62,8 +62,14 @@ def _stage(ok=True, verify=None, cause=None):
 @pytest.mark.parametrize("stage, outcome", [
     (_stage(verify={"mismatch_count": 0, "missing_keys": ["k.weight_quantizer._amax"]}), "bug-reproduced"),
     (_stage(verify={"mismatch_count": 0, "missing_keys": []}), "unexpected-pass"),
+    (_stage(ok=False, cause={"rank": 0, "kind": "exception",
+                             "exc_type": "torch.distributed.checkpoint.api.CheckpointException",
+                             "message": "CheckpointException ranks:dict_keys([0])",
+                             "key": "decoder.layers.0.mlp.experts.experts.4.linear_fc1.weight_quantizer._amax"}),
+     "bug-reproduced"),
+    # any other failure is not the checkpoint's amax refused (judge.is_amax_refusal)
     (_stage(ok=False, cause={"rank": 0, "kind": "exception", "exc_type": "KeyError",
-                             "message": "Missing key in checkpoint", "key": None}), "bug-reproduced"),
+                             "message": "Missing key in checkpoint", "key": None}), "unexpected-failure"),
 ])
 def test_not_restored_judging(tmp_path, monkeypatch, stage, outcome):
     cell = _cells("gpu-golden-witness")[f"gpu-golden-witness[golden={A},load=tp1-etp1-ep1-pp1]"]
