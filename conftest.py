@@ -80,6 +80,27 @@ def pytest_configure_node(node):  # xdist hook: hand run directory and GPU list 
     node.workerinput["harness_gpus"] = node.config.harness_gpus
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """``--dist loadgroup``: suffix each grouped item's id with ``@group`` on the worker.
+
+    pytest-xdist 3.8 does this by setting ``item._nodeid``, which pytest 9 no longer reads (the
+    id lives in ``item._id``), so every ``xdist_group`` was ignored: the cells of one save ran
+    on both workers, each starting the same save, and two workers installed gitlab-ci-local at
+    once. Done here only where xdist's own suffix is missing.
+    """
+    if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        nodeid = item.nodeid
+        if names and nodeid.rfind("@") <= nodeid.rfind("]"):
+            item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
+
+
 def _scenario_dir() -> Path:
     from harness.paths import SCENARIO_DIR
 

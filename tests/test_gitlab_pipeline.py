@@ -36,10 +36,11 @@ if _prerequisites.returncode == MISSING_PREREQUISITE:  # no node/npm here: one r
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("gitlab-ci-local")]
 
 GPU_JOBS = {"build-image", "gpu-tests", "bug-witness"}
+NIGHTLY_CPU = {"cpu-slow-tests"}  # issue 23: `make test-slow` (-m slow), nightly and on demand
 MR_JOBS = {"lint", "cpu-tests", "report"}
-NIGHTLY_JOBS = MR_JOBS | GPU_JOBS
+NIGHTLY_JOBS = MR_JOBS | GPU_JOBS | NIGHTLY_CPU
 SCHEDULE_ONLY = {"pairs-nightly"}  # issue 24: the pinned pair and the newest releases
-STAGE = {"lint": "lint", "cpu-tests": "cpu", "build-image": "gpu", "gpu-tests": "gpu",
+STAGE = {"lint": "lint", "cpu-tests": "cpu", "cpu-slow-tests": "cpu", "build-image": "gpu", "gpu-tests": "gpu",
          "bug-witness": "gpu", "report": "report", "pairs-nightly": "gpu"}
 
 
@@ -139,6 +140,7 @@ def test_nightly_pipeline_runs_the_gpu_jobs_after_cpu(gcl, source):
     for name, job in jobs.items():
         assert job["stage"] == STAGE[name], name
     assert set(needs(jobs["build-image"])) == {"cpu-tests"}
+    assert set(needs(jobs["cpu-slow-tests"])) == {"lint"}, "the slow tests run beside cpu-tests"
     for name in ("gpu-tests", "bug-witness"):
         need = needs(jobs[name])
         assert need["cpu-tests"]["optional"] is False, f"{name} waits for the cpu stage"
@@ -178,7 +180,7 @@ def test_report_always_runs_with_the_results(gcl, source):
     assert report["allow_failure"] is False
     need = needs(report)
     assert need["cpu-tests"]["artifacts"] is True and need["cpu-tests"]["optional"] is False
-    for gpu_job in ("gpu-tests", "bug-witness"):
+    for gpu_job in ("cpu-slow-tests", "gpu-tests", "bug-witness"):
         assert need[gpu_job]["artifacts"] is True
         assert need[gpu_job]["optional"] is True, "merge requests have no GPU job to wait for"
 
@@ -193,12 +195,13 @@ def test_stage_order_and_gpu_runner(preview):
         assert job["tags"] == ["$GPU_RUNNER_TAG"], f"{name} runs on the 8-GPU runners"
         assert job["resource_group"] == "gpu-node", "one GPU job on the node at a time"
         assert job["variables"]["HARNESS_PYTHON"] == "system", "the image has the stack"
-    for name in MR_JOBS:
+    for name in MR_JOBS | NIGHTLY_CPU:
         assert "tags" not in preview[name], f"{name} runs on any runner, not a GPU node"
+    assert preview["cpu-slow-tests"]["script"] == ["make test-slow"]
 
 
 def test_cache_key_files_within_gitlab_limit(preview):
-    for name in ("lint", "cpu-tests", "report"):
+    for name in ("lint", "cpu-tests", "cpu-slow-tests", "report"):
         for cache in preview[name]["cache"]:
             files = cache["key"]["files"]
             assert 1 <= len(files) <= 2, f"{name}: GitLab takes one or two cache:key:files"
