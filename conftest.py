@@ -96,9 +96,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})
+        names = names or _module_fixture_group(item)
         nodeid = item.nodeid
         if names and nodeid.rfind("@") <= nodeid.rfind("]"):
             item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
+
+
+def _module_fixture_group(item) -> list[str]:
+    """An ungrouped test that uses a module-scoped fixture of its own module goes with that
+    module's other tests: the fixture's set-up (a torchrun, a golden copy) then runs once per
+    run, not once per worker that happens to get one of its tests."""
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        base = defs[-1].baseid
+        if defs[-1].scope == "module" and base.endswith(".py") and item.nodeid.startswith(base + "::"):
+            return [base]
+    return []
 
 
 def _scenario_dir() -> Path:
