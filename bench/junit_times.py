@@ -24,8 +24,9 @@ def outcome(case: ET.Element) -> str:
 
 
 def file_of(case: ET.Element) -> str:
-    """tests/test_x.py from the classname pytest writes (``tests.test_x`` or ``tests.test_x.Cls``)."""
-    parts = case.get("classname", "").split(".")
+    """tests/test_x.py from the classname pytest writes (``tests.test_x`` or ``tests.test_x.Cls``;
+    a module skipped at collection has no classname, its name is the module)."""
+    parts = (case.get("classname") or case.get("name", "")).split(".")
     for i in range(len(parts), 0, -1):
         if parts[i - 1].startswith("test_"):
             return "/".join(parts[:i]) + ".py"
