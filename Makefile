@@ -10,13 +10,16 @@ RESULTS ?= results
 help:             ## this list
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
-.PHONY: help repro test test-all test-gpu witness verdict report map matrix bench lint docker-build docker-repro clean
+.PHONY: help repro test test-slow test-all test-gpu witness verdict report map matrix bench lint docker-build docker-repro clean
 
 repro:            ## the main job: reproduce the bug, check the fix, on the best tier here
 	$(PY) -m harness --results-root $(RESULTS) repro
 
 test:             ## the test suite (cpu tier here; GPU tiers skip with a reason without a GPU)
 	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadgroup --junitxml=$(RESULTS)/junit.xml
+
+test-slow:        ## only the slow tests: the full versions of what `make test` checks small (nightly)
+	$(PY) -m pytest -m slow -n $(PYTEST_WORKERS) --dist loadgroup --junitxml=$(RESULTS)/junit.xml
 
 test-all:         ## everything, slow tests included
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --junitxml=$(RESULTS)/junit.xml

@@ -80,6 +80,40 @@ def pytest_configure_node(node):  # xdist hook: hand run directory and GPU list 
     node.workerinput["harness_gpus"] = node.config.harness_gpus
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """``--dist loadgroup``: suffix each grouped item's id with ``@group`` on the worker.
+
+    pytest-xdist 3.8 does this by setting ``item._nodeid``, which pytest 9 no longer reads (the
+    id lives in ``item._id``), so every ``xdist_group`` was ignored: the cells of one save ran
+    on both workers, each starting the same save, and two workers installed gitlab-ci-local at
+    once. Done here only where xdist's own suffix is missing.
+    """
+    if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        names = names or _module_fixture_group(item)
+        nodeid = item.nodeid
+        if names and nodeid.rfind("@") <= nodeid.rfind("]"):
+            item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
+
+
+def _module_fixture_group(item) -> list[str]:
+    """An ungrouped test that uses a module-scoped fixture of its own module goes with that
+    module's other tests: the fixture's set-up (a torchrun, a golden copy) then runs once per
+    run, not once per worker that happens to get one of its tests."""
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        base = defs[-1].baseid
+        if defs[-1].scope == "module" and base.endswith(".py") and item.nodeid.startswith(base + "::"):
+            return [base]
+    return []
+
+
 def _scenario_dir() -> Path:
     from harness.paths import SCENARIO_DIR
 

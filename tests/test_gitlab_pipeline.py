@@ -18,40 +18,36 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TOOL = ROOT / "tools" / "gitlab-ci-local.sh"
-# The first call installs gitlab-ci-local from the npm registry (about 2 minutes on 2 cores).
-INSTALL_TIMEOUT_S = 900
+from tests.test_gitlab_ci_local_install import MISSING_PREREQUISITE, ROOT, TOOL, VERSION, bounded
+
 RUN_TIMEOUT_S = 120
 LINT_JOB_TIMEOUT_S = 900
+# The first call installs gitlab-ci-local from the npm registry (about 10 s: nothing compiles).
+INSTALL_TIMEOUT_S = 900
+
+_prerequisites = bounded(["bash", str(TOOL), "--prerequisites"], RUN_TIMEOUT_S, cwd=ROOT)
+if _prerequisites.returncode == MISSING_PREREQUISITE:  # no node/npm here: one reason line
+    pytest.skip(_prerequisites.stderr.strip().splitlines()[-1], allow_module_level=True)
 
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("gitlab-ci-local")]
 
 GPU_JOBS = {"build-image", "gpu-tests", "bug-witness"}
+NIGHTLY_CPU = {"cpu-slow-tests"}  # issue 23: `make test-slow` (-m slow), nightly and on demand
 MR_JOBS = {"lint", "cpu-tests", "report"}
-NIGHTLY_JOBS = MR_JOBS | GPU_JOBS
+NIGHTLY_JOBS = MR_JOBS | GPU_JOBS | NIGHTLY_CPU
 SCHEDULE_ONLY = {"pairs-nightly"}  # issue 24: the pinned pair and the newest releases
-STAGE = {"lint": "lint", "cpu-tests": "cpu", "build-image": "gpu", "gpu-tests": "gpu",
+STAGE = {"lint": "lint", "cpu-tests": "cpu", "cpu-slow-tests": "cpu", "build-image": "gpu", "gpu-tests": "gpu",
          "bug-witness": "gpu", "report": "report", "pairs-nightly": "gpu"}
-
-
-def _need_node() -> None:
-    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"gitlab-ci-local needs Node.js 20 and npm; not on PATH: {', '.join(missing)}")
 
 
 def _gcl(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CI_")}
     env["FORCE_COLOR"] = "0"
-    return subprocess.run(["bash", str(TOOL), "--no-color", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return bounded(["bash", str(TOOL), "--no-color", *args], timeout, cwd=ROOT, env=env)
 
 
 def _ok(proc: subprocess.CompletedProcess) -> str:
@@ -61,11 +57,16 @@ def _ok(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout
 
 
+def _installed() -> None:
+    """Install (or find) gitlab-ci-local: it must run and print the pinned version."""
+    proc = _gcl("--version", timeout=INSTALL_TIMEOUT_S)
+    assert _ok(proc).strip() == VERSION, proc.stdout
+
+
 @pytest.fixture(scope="module")
 def gcl():
     """Runs gitlab-ci-local; the first call installs it (outside any test's own time limit)."""
-    _need_node()
-    _ok(_gcl("--version", timeout=INSTALL_TIMEOUT_S))
+    _installed()
     return _gcl
 
 
@@ -139,6 +140,7 @@ def test_nightly_pipeline_runs_the_gpu_jobs_after_cpu(gcl, source):
     for name, job in jobs.items():
         assert job["stage"] == STAGE[name], name
     assert set(needs(jobs["build-image"])) == {"cpu-tests"}
+    assert set(needs(jobs["cpu-slow-tests"])) == {"lint"}, "the slow tests run beside cpu-tests"
     for name in ("gpu-tests", "bug-witness"):
         need = needs(jobs[name])
         assert need["cpu-tests"]["optional"] is False, f"{name} waits for the cpu stage"
@@ -178,7 +180,7 @@ def test_report_always_runs_with_the_results(gcl, source):
     assert report["allow_failure"] is False
     need = needs(report)
     assert need["cpu-tests"]["artifacts"] is True and need["cpu-tests"]["optional"] is False
-    for gpu_job in ("gpu-tests", "bug-witness"):
+    for gpu_job in ("cpu-slow-tests", "gpu-tests", "bug-witness"):
         assert need[gpu_job]["artifacts"] is True
         assert need[gpu_job]["optional"] is True, "merge requests have no GPU job to wait for"
 
@@ -193,12 +195,13 @@ def test_stage_order_and_gpu_runner(preview):
         assert job["tags"] == ["$GPU_RUNNER_TAG"], f"{name} runs on the 8-GPU runners"
         assert job["resource_group"] == "gpu-node", "one GPU job on the node at a time"
         assert job["variables"]["HARNESS_PYTHON"] == "system", "the image has the stack"
-    for name in MR_JOBS:
+    for name in MR_JOBS | NIGHTLY_CPU:
         assert "tags" not in preview[name], f"{name} runs on any runner, not a GPU node"
+    assert preview["cpu-slow-tests"]["script"] == ["make test-slow"]
 
 
 def test_cache_key_files_within_gitlab_limit(preview):
-    for name in ("lint", "cpu-tests", "report"):
+    for name in ("lint", "cpu-tests", "cpu-slow-tests", "report"):
         for cache in preview[name]["cache"]:
             files = cache["key"]["files"]
             assert 1 <= len(files) <= 2, f"{name}: GitLab takes one or two cache:key:files"
@@ -212,3 +215,38 @@ def test_lint_job_passes_in_the_shell_executor(gcl):
                *_vars("merge_request_event"), "lint", timeout=LINT_JOB_TIMEOUT_S)
     out = _ok(proc)
     assert "PASS" in out and "lint" in out, out
+
+
+REGEX_RULES = """\
+stages: [test]
+plain:
+  script: [":"]
+  rules: [{if: '$BRANCH =~ /^feat-[0-9]+$/'}]
+nocase:
+  script: [":"]
+  rules: [{if: '$BRANCH =~ /^FEAT/i'}]
+negated:
+  script: [":"]
+  rules: [{if: '$BRANCH !~ /^feat/'}]
+quoted:
+  script: [":"]
+  rules: [{if: '$BRANCH =~ "/-12$/"'}]
+"""
+
+
+@pytest.mark.parametrize("branch,jobs", [("feat-12", {"plain", "nocase", "quoted"}),
+                                         ("FEAT-x", {"nocase", "negated"}),
+                                         ("main", {"negated"})])
+def test_regex_rules_are_evaluated_by_re2(gcl, tmp_path, branch, jobs):
+    """`=~` / `!~` rules go through the `re2` module, here tools/gitlab-ci-local-re2 (RE2 as
+    WebAssembly): flags, anchors, negation and the quoted form pick the jobs GitLab would."""
+    (tmp_path / ".gitlab-ci.yml").write_text(REGEX_RULES)
+    for cmd in (["init", "-q"], ["add", "."],
+                ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "rules"]):
+        subprocess.run(["git", *cmd], cwd=tmp_path, check=True, timeout=60, capture_output=True)
+    binary = ROOT / ".ci-tools" / "node_modules" / ".bin" / "gitlab-ci-local"
+    proc = bounded([str(binary), "--no-color", "--state-dir", str(tmp_path / "state"),
+                    "--home", str(tmp_path / "home"), "--list-json",
+                    "--variable", f"BRANCH={branch}"], RUN_TIMEOUT_S, cwd=tmp_path)
+    listed = json.loads(_after_warnings(_ok(proc), "["))
+    assert {j["name"] for j in listed if j["when"] != "never"} == jobs

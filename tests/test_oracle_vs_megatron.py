@@ -62,8 +62,10 @@ def _mcore() -> str:
     return md.version("megatron-core")
 
 
+# Worlds 2 and 3 in `make test` (every rule and error form: tp != etp collides at both, world 3
+# is the odd one); 4..8 under -m slow (54 s for world 4 alone on 2 cores).
 @pytest.mark.cpu
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_oracle_matches_real_validation(world, tmp_path):
     failing = _check_world(world, tmp_path)
     assert failing > 0  # every world >= 2 has a failing shape (e.g. tp{w}-etp1-ep{w})
@@ -71,6 +73,6 @@ def test_oracle_matches_real_validation(world, tmp_path):
 
 @pytest.mark.cpu
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [5, 6, 7, 8])
+@pytest.mark.parametrize("world", [4, 5, 6, 7, 8])
 def test_oracle_matches_real_validation_up_to_8(world, tmp_path):
     assert _check_world(world, tmp_path) > 0

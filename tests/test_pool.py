@@ -40,24 +40,37 @@ def pool_processes(root: Path) -> list[int]:
     return out
 
 
-def test_pool_mode_gives_the_same_records_and_reuses_pools(tmp_path, monkeypatch):
-    cells = select_cells(load_all(), CELLS)
-    assert len(cells) == len(CELLS)
+def same_records_and_reused_pools(tmp_path, monkeypatch, cell_ids: list[str], stages: int) -> None:
+    """Fresh then pool mode over ``cell_ids``: equal records, fewer pool starts than stages."""
+    cells = select_cells(load_all(), cell_ids)
+    assert len(cells) == len(cell_ids)
     docs = {}
     for mode in ("fresh", "pool"):
         monkeypatch.setenv("HARNESS_STAGE_MODE", mode)
         docs[mode] = {c["cell_id"]: c for c in run_cells(cells, tmp_path / mode, mode, jobs=1)["cells"]}
-    assert sorted(docs["fresh"]) == sorted(docs["pool"]) == sorted(CELLS)
+    assert sorted(docs["fresh"]) == sorted(docs["pool"]) == sorted(cell_ids)
     for cid, fresh in docs["fresh"].items():
         assert fresh["outcome"] == "pass", (cid, fresh["message"])
     as_docs = {m: {"cells": list(d.values())} for m, d in docs.items()}
     assert differences(as_docs["fresh"], as_docs["pool"]) == []
     run_dir = next((tmp_path / "pool").iterdir())
-    stages = [*run_dir.glob("saves/*/spec.json"), *run_dir.glob("cells/*/load/spec.json")]
+    specs = [*run_dir.glob("saves/*/spec.json"), *run_dir.glob("cells/*/load/spec.json")]
     starts = list(run_dir.glob("pools/*/torchrun.log"))
-    assert len(starts) < len(stages) == 4, (starts, stages)
+    assert len(starts) < len(specs) == stages, (starts, specs)
     assert not list((tmp_path / "fresh").glob("*/pools")), "fresh mode started a pool"
     assert pool_processes(tmp_path) == []
+
+
+def test_pool_mode_gives_the_same_records_and_reuses_a_pool(tmp_path, monkeypatch):
+    """The smallest case: a save and a load of the same world size, so the load runs on the
+    save's warm pool (2 stages, 1 pool start)."""
+    same_records_and_reused_pools(tmp_path, monkeypatch, [CELLS[0], CELLS[2]], stages=2)
+
+
+@pytest.mark.slow
+def test_pool_mode_gives_the_same_records_and_reuses_pools(tmp_path, monkeypatch):
+    """The save, its save-only cell and loads at 4, 2 and 2 (pp2) ranks."""
+    same_records_and_reused_pools(tmp_path, monkeypatch, CELLS, stages=4)
 
 
 def spec(root: Path, stage: str, topo: str) -> StageSpec:

@@ -16,7 +16,26 @@ from harness.rank import inject
 from harness.rank.guard import pg_timeout_s, rank_main
 
 
+STARTUP_TIMEOUT_S = 300.0
+
+
+def wait_for_every_rank() -> None:
+    """Meet on torchrun's store, under a long timeout, before the process group exists.
+
+    The group's timeout is the short one the tests time (HARNESS_PG_TIMEOUT_S, 6 s); its
+    rendezvous runs under it too. On a loaded machine one rank may finish importing torch many
+    seconds after its peers, which must not read as a failure of the job.
+    """
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=False, timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
+    if store.add("collectives/arrived", 1) == world:
+        store.set("collectives/all-up", "1")
+    store.wait(["collectives/all-up"])
+
+
 def body() -> dict:
+    wait_for_every_rank()
     dist.init_process_group("gloo", timeout=timedelta(seconds=pg_timeout_s()))
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.full((8,), float(rank))
