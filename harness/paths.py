@@ -12,6 +12,14 @@ GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
 RESULTS_DIR = Path("results")  # relative to the working directory, like every CLI default
 
 
+def shown_path(path: Path) -> str:
+    """The file as a reader finds it: relative to the repository when inside it."""
+    try:
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def safe_name(name: str) -> str:
     """A cell or save id as one directory name (ids hold '[', '=', ',')."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")

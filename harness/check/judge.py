@@ -113,11 +113,10 @@ def version_skip_reason(cell, behaviour, modelopt: str | None, mcore: str | None
     if not on_cuda(s.tier) and (behaviour.plugin_needs_te or not behaviour.known):
         return plugin_problem()
     if cell.golden:  # a golden in a torch_dist format this megatron-core cannot read
-        from harness.paths import REPO_ROOT
+        from harness.paths import shown_path
 
         ckpt = s.golden_root / cell.golden / "ckpt"
-        shown = ckpt.relative_to(REPO_ROOT) if ckpt.is_relative_to(REPO_ROOT) else ckpt
-        problem = versions.common_pt_problem(ckpt, mcore, shown=shown)
+        problem = versions.common_pt_problem(ckpt, mcore, shown=shown_path(ckpt))
         if problem:
             return f"golden not loadable here: {problem}"
     return None

@@ -51,6 +51,13 @@ REFERENCE_MCORE = "0.19.2"  # every run before pairs were recorded used it
 # H200: every golden (written by 0.19.2) refused by 0.15.3 and 0.16.1 that way
 # (docs/runs/20261204-0203-pairs.md). Releases between 0.16.1 and 0.19.2 were not read.
 NEEDS_COMMON_PT = "==0.15.* || ==0.16.*"
+
+
+def in_band(band: str, mcore: str) -> bool:
+    """Whether megatron-core ``mcore`` is in ``band``: PEP 440 specifiers, "||" between
+    alternatives; an empty band holds nothing."""
+    return any(SpecifierSet(alt.strip(), prereleases=True).contains(mcore)
+               for alt in band.split("||") if alt.strip())
 COMMON_PT = "common.pt"
 
 
@@ -60,8 +67,7 @@ def common_pt_problem(ckpt_dir, mcore: str | None, shown=None) -> str | None:
     from pathlib import Path
 
     try:
-        needs = any(SpecifierSet(alt.strip(), prereleases=True).contains(mcore or "")
-                    for alt in NEEDS_COMMON_PT.split("||"))
+        needs = in_band(NEEDS_COMMON_PT, mcore or "")
     except InvalidVersion:
         return None
     if not needs or (Path(ckpt_dir) / COMMON_PT).is_file():
@@ -104,13 +110,11 @@ class Behaviour:
 
     def matches(self, version: str, mcore: str | None = None) -> bool:
         return (SpecifierSet(self.specifier, prereleases=True).contains(version)
-                and any(SpecifierSet(alt.strip(), prereleases=True).contains(mcore or REFERENCE_MCORE)
-                        for alt in self.mcore.split("||") if alt.strip()))
+                and in_band(self.mcore, mcore or REFERENCE_MCORE))
 
     def covers_mcore(self, mcore: str) -> bool:
         """Whether this rule holds for megatron-core ``mcore`` (any nvidia-modelopt it covers)."""
-        return any(SpecifierSet(alt.strip(), prereleases=True).contains(mcore)
-                   for alt in self.mcore.split("||") if alt.strip())
+        return in_band(self.mcore, mcore)
 
     def covers_modelopt(self, version: str | None) -> bool:
         try:

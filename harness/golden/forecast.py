@@ -74,7 +74,7 @@ NO_WAY_BACK = "keep a per-expert release (0.47.0 + harness.fix, or 0.48.0rc1); r
 def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
     f = _outcome(lay, label, megatron_core, behaviour)
     buggy = behaviour.replica_rule == "dense-tp" or behaviour.drops_expert_amax_on_reload
-    if f.outcome == REFUSED and f.line.startswith(f"refused: no {versions.COMMON_PT}"):
+    if f.outcome == REFUSED and not behaviour.cannot_save and unreadable(lay, megatron_core):
         remedy = NEWER_FORMAT
     elif f.outcome in (LOADS_COMPLETE, NOT_MOE):
         remedy = "nothing to do" if f.outcome == LOADS_COMPLETE else ""
@@ -90,6 +90,12 @@ def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
     return dataclasses.replace(f, repairable=remedy == REPAIR, remedy=remedy)
 
 
+def unreadable(lay, megatron_core: str) -> bool:
+    """The checkpoint on disk has no common.pt and this megatron-core needs one (versions.py
+    NEEDS_COMMON_PT); a layout not read from disk (``has_common_pt`` None) is never."""
+    return lay.has_common_pt is False and versions.common_pt_problem(lay.path, megatron_core) is not None
+
+
 def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
     key = golden_layout_of(lay)
     total = expert_amax_count(lay)
@@ -99,7 +105,7 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
     if behaviour.cannot_save:  # every load builds a sharded_state_dict request: it raises
         return Forecast(label, megatron_core, REFUSED, total, f"refused: {behaviour.cannot_save}")
     # the request is built before any file is read: a TypeError above comes first
-    if lay.has_common_pt is False and versions.common_pt_problem(lay.path, megatron_core):
+    if unreadable(lay, megatron_core):
         return Forecast(label, megatron_core, REFUSED, total,
                         f"refused: no {versions.COMMON_PT} (megatron-core {megatron_core} reads "
                         "only checkpoints written by megatron-core <= 0.16; this one was written "

@@ -285,6 +285,14 @@ def _env_name(v: str) -> str:
     return re.sub(r"[^0-9A-Za-z._+-]+", "_", Path(v).name if v.endswith(".whl") else v)
 
 
+PAIRS_ORACLE_NOTE = "not run in pairs mode (cpu tier checks it per mcore)"  # six pairs share one host
+
+
+def imported(probe_line: str) -> TableEntry:
+    """The import column of a pair whose import probe passed, from the probe's last line."""
+    return TableEntry({Outcome.PASS: 1}, [Tier.CPU], probe_line.replace("modelopt ", "", 1))
+
+
 def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str, TableEntry], list[dict]]:
     """Environment, import probe, scenario run and oracle probe for one (ModelOpt, megatron-core)
     pair; returns the table cells and the run's cell records (each naming both versions)."""
@@ -304,7 +312,7 @@ def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str,
         why = "timed out" if rc is None else _last_line(out)
         cells["import"] = TableEntry({"fail": 1}, [Tier.CPU], why)
         return cells, []  # nothing else can run in this env
-    cells["import"] = TableEntry({Outcome.PASS: 1}, [Tier.CPU], _last_line(out).replace("modelopt ", "", 1))
+    cells["import"] = imported(_last_line(out))
     cmd = [py, "-m", "harness", "--results-root", str(logs / "results"), "run", "--label",
            f"matrix-{logs.name}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
     for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in cell_set()):
@@ -320,8 +328,8 @@ def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str,
     else:
         why = "timed out" if rc is None else f"exit {rc}: {_last_line(out)}"
         cells.update({c: TableEntry({"error": 1}, [], f"no results ({why})") for c in COLUMNS[1:-1]})
-    if os.environ.get("MATRIX_CELLS_SET") == "pairs":  # six pairs share one host: cells only
-        cells["oracle"] = TableEntry(note="not run in pairs mode (cpu tier checks it per mcore)")
+    if os.environ.get("MATRIX_CELLS_SET") == "pairs":  # cells only
+        cells["oracle"] = TableEntry(note=PAIRS_ORACLE_NOTE)
         return cells, records
     rc, out = _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                     "tests/test_oracle_vs_megatron.py", "-k", "real_validation and 2"],
@@ -346,9 +354,8 @@ def rows_of_cut_off_run(root: Path) -> dict[str, tuple[dict[str, TableEntry], li
         label = pair_label(run.version("nvidia-modelopt") or "?", run.version("megatron-core"))
         imp = found.parents[2] / "import.log"
         note = _last_line(imp.read_text(errors="replace")) if imp.exists() else ""
-        cells = {"import": TableEntry({Outcome.PASS: 1}, [Tier.CPU], note.replace("modelopt ", "", 1))}
-        cells.update(cells_from_results(doc))
-        cells["oracle"] = TableEntry(note="not run in pairs mode (cpu tier checks it per mcore)")
+        cells = {"import": imported(note), **cells_from_results(doc)}
+        cells["oracle"] = TableEntry(note=PAIRS_ORACLE_NOTE)
         done[label] = (cells, doc["cells"])
     return done
 

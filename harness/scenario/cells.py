@@ -12,7 +12,8 @@ from harness.model.gpt import ModelSize, default_size
 from harness.paths import GOLDEN_DIR
 from harness.records import ExpectMode, Expected
 from harness.scenario.goldens import golden_layout, golden_topology
-from harness.scenario.schema import ScenarioError, shown_path
+from harness.paths import shown_path
+from harness.scenario.schema import ScenarioError
 from harness.tiers import Backend
 from harness.topology import oracle
 from harness.topology.topology import Topology

@@ -15,11 +15,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness.model.gpt import ModelSize, default_size
-from harness.paths import GOLDEN_DIR, QUARANTINE_FILE, SCENARIO_DIR, SELECTIONS_FILE
+from harness.paths import GOLDEN_DIR, QUARANTINE_FILE, SCENARIO_DIR, SELECTIONS_FILE, shown_path
 from harness.scenario.cells import KnownGap, Scenario
 from harness.scenario.goldens import golden_manifest, golden_topology
-from harness.scenario.schema import (ScenarioError, _explain, _ScenarioSchema, _SizeSchema,
-                                     shown_path)
+from harness.scenario.schema import ScenarioError, _explain, _ScenarioSchema, _SizeSchema
 from harness.tiers import on_cuda
 from harness.topology.topology import Topology, TopologyError
 

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from harness.check.logits import LOGITS_REFERENCES
 from harness.model.gpt import ModelSize
-from harness.paths import REPO_ROOT
 from harness.records import EXPECT_MODES, ExpectMode
 from harness.tiers import BACKENDS, TIERS
 
@@ -32,14 +31,6 @@ class ScenarioError(ValueError):
         super().__init__(" ".join(str(message).split()))  # one line, whatever the cause said
         self.path = path
         self.name = name
-
-
-def shown_path(path: Path) -> str:
-    """The file as a reader finds it: relative to the repository when inside it."""
-    try:
-        return path.resolve().relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        return str(path)
 
 
 
