@@ -59,11 +59,13 @@ def cmd_run(args) -> int:
 def cmd_sample(args) -> int:
     """Randomized cells off the committed grid (harness/scenario/sample.py), run as scenarios."""
     from harness.run.cells import run_cells
-    from harness.scenario.sample import describe, sample_scenarios
+    from harness.scenario.sample import describe, parse_slice, sample_scenarios, slice_of
 
     try:
         scenarios = sample_scenarios(args.seed, args.cells, max_ranks=args.ranks, tier=args.tier,
                                      patch=args.patch, loads_per_save=args.loads_per_save)
+        if args.slice:
+            scenarios = slice_of(scenarios, *parse_slice(args.slice))
     except ValueError as exc:
         print(f"error: harness sample: {exc}", file=sys.stderr)
         return 2
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="loads drawn per (save topology, model size): cells sharing a save share its stage")
     sm.add_argument("--tier", choices=TIERS, default=Tier.GPU_SHARED)
     sm.add_argument("--patch", choices=("none", "fix"), default="none")
+    sm.add_argument("--slice", default="", metavar="K/N",
+                    help="run the K-th of N slices of the draw (whole saves each; the N slices are the draw)")
     sm.add_argument("--list", action="store_true", help="print the drawn cells, run nothing")
     sm.add_argument("--jobs", type=bounded_int(1, 64), default=1, help="cells at once per phase")
     sm.add_argument("--label", default="", help="suffix of the results/<run-id> folder")

@@ -72,3 +72,24 @@ def test_cli_lists_the_draw_and_refuses_a_bad_budget(capsys):
     assert exc.value.code == 2 and "outside 1..64" in capsys.readouterr().err
     assert cli.main(["sample", "--seed", "1", "--cells", "50", "--ranks", "1", "--list"]) == 2
     assert "cannot draw 50 distinct cells within 1 ranks" in capsys.readouterr().err
+
+
+def test_slices_split_the_draw_by_whole_saves_and_together_are_the_draw(capsys):
+    """--slice K/N spreads one draw over N runs: no save in two slices, no cell lost or repeated."""
+    from harness.scenario.sample import slice_of
+
+    whole = sample_scenarios(25, 50, loads_per_save=5)
+    parts = [slice_of(whole, k, 3) for k in (1, 2, 3)]
+    assert sorted(s.name for p in parts for s in p) == sorted(s.name for s in whole)
+    saves = [{(s.saves, s.size) for s in p} for p in parts]
+    assert not (saves[0] & saves[1] or saves[1] & saves[2] or saves[0] & saves[2])
+    listed = []
+    for k in (1, 2):
+        assert cli.main(["sample", "--seed", "25", "--cells", "12", "--loads-per-save", "3",
+                         "--slice", f"{k}/2", "--list"]) == 0
+        listed += capsys.readouterr().out.splitlines()
+    assert cli.main(["sample", "--seed", "25", "--cells", "12", "--loads-per-save", "3", "--list"]) == 0
+    assert sorted(listed) == sorted(capsys.readouterr().out.splitlines())
+    for bad in ("3/2", "0/2", "1-2"):
+        assert cli.main(["sample", "--seed", "25", "--cells", "5", "--slice", bad, "--list"]) == 2
+        assert "--slice" in capsys.readouterr().err

@@ -120,6 +120,26 @@ def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier
     return out
 
 
+def slice_of(scenarios: list[Scenario], part: int, parts: int) -> list[Scenario]:
+    """Every ``parts``-th sampled scenario from the ``part``-th (1-based): whole save groups, so
+    the slices of one draw share no save and together are the draw (``--slice K/N`` spreads one
+    sample over several machines or sessions, each within its time limit)."""
+    if not 1 <= part <= parts:
+        raise ValueError(f"slice {part}/{parts}: want 1 <= K <= N")
+    return scenarios[part - 1::parts]
+
+
+def parse_slice(text: str) -> tuple[int, int]:
+    """``K/N`` -> (K, N), else one clear line."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--slice {text!r}: want K/N, e.g. 1/2") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--slice {text!r}: want 1 <= K <= N")
+    return k, n
+
+
 def known_gaps_of(backend: str) -> tuple:
     """The known gaps the committed scenarios of ``backend`` declare (one place: their files)."""
     return tuple(dict.fromkeys(g for s in load_all() if s.backend == backend for g in s.known_gaps))

@@ -26,7 +26,9 @@
 #              0.48.0rc1 unpatched, with the noise-floor figures; <version>-<patch>: SAMPLE_CELLS
 #              (50) cells of `harness sample --seed SAMPLE_SEED` (25), SAMPLE_LOADS_PER_SAVE (5)
 #              loads per save, --jobs SAMPLE_JOBS (4); each part bounded by SAMPLE_PART_TIMEOUT_S
-#              (280; SIGTERM: the run writes its results marked incomplete). Carry .whl-048.
+#              (280; SIGTERM: the run writes its results marked incomplete); SAMPLE_SLICE=K/N runs
+#              the K-th slice of the draw (whole saves); SAMPLE_CONCURRENT=1 runs the parts at once.
+#              Carry .whl-048.
 #   repro-compare  make repro of an older checkout (OLD_TREE, default .gpu/old: `git archive <commit>`
 #              unpacked there, carried), of this one, and of this one with HARNESS_RANK_TRIM=$TRIM,
 #              each timed (harness clock and wall), the same outcomes checked (bench/repro_compare.py)
@@ -65,23 +67,30 @@ case "$1" in
   sample)
     PY048=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
     T=${SAMPLE_PART_TIMEOUT_S:-280}
-    for part in $(echo "${SAMPLE_PARTS:-cross,0.48.0rc1,0.47.0-fix,0.47.0-none}" | tr , ' '); do
+    SL=${SAMPLE_SLICE:+--slice $SAMPLE_SLICE}; TAG=${SAMPLE_SLICE:+-slice${SAMPLE_SLICE//\//of}}
+    sample_part() {  # one part, bounded; its log in $OUT
+      local part=$1 start=$(date +%s) py=python3 log
       [ "$part" = 0.48.0rc1 ] && part=0.48.0rc1-none
-      start=$(date +%s)
+      log="$OUT/sample-$part$TAG.log"; [ "$part" = cross ] && log="$OUT/sample-cross.log"
       case "$part" in
         cross)
           timeout -s TERM $T $PY048 -m harness --results-root $R run --label cross-topology-0.48.0rc1 \
-            --jobs 4 --scenario gpu-cross-topology --scenario gpu-cross-topology-8 > "$OUT/sample-$part.log" 2>&1 ;;
+            --jobs 4 --scenario gpu-cross-topology --scenario gpu-cross-topology-8 > "$log" 2>&1 ;;
         0.48.0rc1-none|0.47.0-fix|0.47.0-none)
-          py=python3; [ "${part%-*}" = 0.48.0rc1 ] && py=$PY048
+          [ "${part%-*}" = 0.48.0rc1 ] && py=$PY048
           timeout -s TERM $T $py -m harness --results-root $R sample --seed ${SAMPLE_SEED:-25} \
-            --cells ${SAMPLE_CELLS:-50} --loads-per-save ${SAMPLE_LOADS_PER_SAVE:-5} \
-            --jobs ${SAMPLE_JOBS:-4} --patch ${part##*-} --label sample-$part > "$OUT/sample-$part.log" 2>&1 ;;
+            --cells ${SAMPLE_CELLS:-50} --loads-per-save ${SAMPLE_LOADS_PER_SAVE:-5} $SL \
+            --jobs ${SAMPLE_JOBS:-4} --patch ${part##*-} --label sample-$part$TAG > "$log" 2>&1 ;;
         *) echo "run.sh sample: unknown part '$part' (cross, 0.48.0rc1, 0.47.0-fix, 0.47.0-none)" >&2
-           continue ;;
+           return 2 ;;
       esac
-      echo "$part: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$OUT/sample-$part.log"
-    done ;;
+      echo "$part$TAG: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$log"
+    }
+    # SAMPLE_CONCURRENT=1: the parts at once (the save and load waves of one part leave cores idle)
+    for part in $(echo "${SAMPLE_PARTS:-cross,0.48.0rc1,0.47.0-fix,0.47.0-none}" | tr , ' '); do
+      if [ "${SAMPLE_CONCURRENT:-0}" = 1 ]; then sample_part "$part" & else sample_part "$part"; fi
+    done
+    wait ;;
   repro-modes)
     for m in fresh pool; do
       start=$(date +%s)
