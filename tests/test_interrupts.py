@@ -99,3 +99,27 @@ def test_two_runs_started_at_once_share_nothing(tmp_path):
         assert [c["cell_id"] for c in doc["cells"]] == [SAVE_ONLY]
         assert doc["cells"][0]["outcome"] == "pass", doc["cells"][0]
         assert (run / "saves").is_dir() and not doc.get("incomplete")
+
+
+SIGNAL_TWICE = """
+import os, signal, sys, time
+from harness.launch.signals import REPEAT_WINDOW_S, interrupt_on_signals, shutdown_signal
+interrupt_on_signals()
+os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` does
+print("after the double", shutdown_signal(), flush=True)
+time.sleep(REPEAT_WINDOW_S + 0.2)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)
+except KeyboardInterrupt:
+    print("a later one stops waiting", flush=True)
+"""
+
+
+def test_the_same_signal_delivered_twice_at_once_is_one_stop_a_later_one_stops_waiting():
+    """GNU timeout signals its command and then the command's process group: the controller
+    must still write its partial results, not take the repeat for a second Ctrl-C."""
+    out = subprocess.run([sys.executable, "-c", SIGNAL_TWICE], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["after the double SIGTERM", "a later one stops waiting"]

@@ -8,8 +8,14 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 
 SHUTDOWN = threading.Event()
+# GNU ``timeout`` signals its command and then its whole process group, so the controller gets
+# the same SIGTERM twice at once (seen on the H200: the second one, taken for "stop waiting",
+# lost a sampled run's partial results.json). A repeat this soon is that same stop.
+REPEAT_WINDOW_S = 1.0
+_FIRST_AT: list[float] = []
 
 
 _SIGNAL: list[str] = []  # the name of the signal that set SHUTDOWN
@@ -22,6 +28,7 @@ def shutdown_signal() -> str | None:
 
 def _stop(signum: int) -> None:
     _SIGNAL.append(signal.Signals(signum).name)
+    _FIRST_AT.append(time.monotonic())
     SHUTDOWN.set()
 
 
@@ -41,9 +48,12 @@ def exit_cleanly_on_sigterm() -> None:
 def interrupt_on_signals() -> None:
     """The CLI's handling of Ctrl-C (SIGINT) and SIGTERM: every running stage tears down at
     once, no new stage starts, and the caller goes on to write partial results marked
-    incomplete (harness/run/cells.py). A second signal stops waiting for that."""
+    incomplete (harness/run/cells.py). A second signal, later than REPEAT_WINDOW_S after the
+    first, stops waiting for that."""
     def on_signal(signum, frame):
         if SHUTDOWN.is_set():
+            if _FIRST_AT and time.monotonic() - _FIRST_AT[0] < REPEAT_WINDOW_S:
+                return  # the same stop, delivered twice (``timeout``: to us, then our group)
             raise KeyboardInterrupt
         _stop(signum)
         print(f"\n{signal.Signals(signum).name}: stopping every running stage; the cells so far "

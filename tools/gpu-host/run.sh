@@ -87,10 +87,12 @@ case "$1" in
       echo "$part$TAG: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$log"
     }
     # SAMPLE_CONCURRENT=1: the parts at once (the save and load waves of one part leave cores idle)
+    # (wait on these pids only: a bare `wait` would also wait for the memory sampler, forever)
+    PIDS=()
     for part in $(echo "${SAMPLE_PARTS:-cross,0.48.0rc1,0.47.0-fix,0.47.0-none}" | tr , ' '); do
-      if [ "${SAMPLE_CONCURRENT:-0}" = 1 ]; then sample_part "$part" & else sample_part "$part"; fi
+      if [ "${SAMPLE_CONCURRENT:-0}" = 1 ]; then sample_part "$part" & PIDS+=($!); else sample_part "$part"; fi
     done
-    wait ;;
+    [ ${#PIDS[@]} = 0 ] || wait "${PIDS[@]}" ;;
   repro-modes)
     for m in fresh pool; do
       start=$(date +%s)
