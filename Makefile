@@ -4,7 +4,9 @@ SHELL := /bin/bash
 # tools/python.sh prints the interpreter, or its reason on stderr and nothing on stdout: then
 # every target that needs Python stops here (make's exit 2) instead of running "-m harness".
 PY = $(or $(shell bash tools/python.sh),$(error no Python for the harness: see the line above from tools/python.sh))
-PYTEST_WORKERS ?= 2
+# 4 workers on 2 cores: many tests wait on a stage timeout or a peer rank, and the other workers'
+# ranks fill that time (docs/benchmarks.md, issue 23)
+PYTEST_WORKERS ?= 4
 RESULTS ?= results
 
 help:             ## this list

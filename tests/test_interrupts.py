@@ -73,7 +73,10 @@ def interrupt_a_hung_stage(root: Path, sig: signal.Signals) -> tuple[subprocess.
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+# SIGTERM (a CI cancel) in fresh mode here; SIGINT in pool mode in tests/test_pool.py; SIGINT in
+# fresh mode under -m slow (each case is one torchrun of the full stack).
+@pytest.mark.parametrize("sig, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
+                                       (signal.SIGTERM, 143)])
 def test_a_signal_tears_down_and_leaves_a_partial_results_file(tmp_path, sig, code):
     # every rank hangs after building its model: only the signal can end this stage
     proc, out, gone_s = interrupt_a_hung_stage(tmp_path, sig)

@@ -18,7 +18,7 @@ from harness.report.equivalence import differences
 from harness.run.cells import run_cells, select_cells
 from harness.scenario.scenarios import load_all
 
-pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("pool")]
+pytestmark = pytest.mark.cpu  # the tests of the `saved` pool go together (conftest.py)
 
 SAVE = "tp1-etp1-ep2-pp1"
 CELLS = [f"cpu-reshard[save={SAVE},save-only]",
@@ -61,9 +61,11 @@ def same_records_and_reused_pools(tmp_path, monkeypatch, cell_ids: list[str], st
     assert pool_processes(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_pool_mode_gives_the_same_records_and_reuses_a_pool(tmp_path, monkeypatch):
-    """The smallest case: a save and a load of the same world size, so the load runs on the
-    save's warm pool (2 stages, 1 pool start)."""
+    """A save and a load of the same world size, so the load runs on the save's warm pool (2
+    stages, 1 pool start). In `make test` the same two cells are compared on a prestarted pool
+    (tests/test_pool_prestart.py), which pays for the fresh reference once for both checks."""
     same_records_and_reused_pools(tmp_path, monkeypatch, [CELLS[0], CELLS[2]], stages=2)
 
 

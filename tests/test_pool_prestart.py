@@ -23,24 +23,38 @@ CELLS = [f"cpu-reshard[save={SAVE},save-only]",
 
 
 @pytest.mark.cpu
-@pytest.mark.xdist_group("pool")
-def test_a_prestarted_pool_serves_the_save_and_its_load(tmp_path, monkeypatch):
+def test_a_prestarted_pool_serves_the_save_and_its_load_with_the_fresh_records(tmp_path, monkeypatch):
+    """The smallest pool-mode equivalence (tests/test_pool.py has the 4-cell one under -m slow)
+    and the prestart in one run, so the fresh reference is paid for once: the save and a load of
+    the same world size in fresh mode, then in pool mode on a pool started ahead of them (make
+    repro's save wave). Equal records; the stages take the prestarted pool (one start for two
+    stages, none in fresh mode); the preload is the save's first phase and the phases still
+    add up to the stage wall; the load finds the pool warm."""
+    from tests.test_pool import pool_processes
+    from harness.report.equivalence import differences
+
+    cells = select_cells(load_all(), CELLS)
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "fresh")
+    fresh = run_cells(cells, tmp_path / "fresh", "fresh", jobs=1)
+    assert not list((tmp_path / "fresh").glob("*/pools")), "fresh mode started a pool"
     monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
     POOLS.close_all()  # nothing idle left by earlier tests of this worker
-    cells = select_cells(load_all(), CELLS)
-    run_dir = new_run_dir(tmp_path, "prestart")
+    run_dir = new_run_dir(tmp_path / "pool", "prestart")
     started = POOLS.started
     assert prestart_save_pools(cells, run_dir) == 1
-    doc = run_cells(cells, tmp_path, "prestart", jobs=1, run_dir=run_dir)
+    doc = run_cells(cells, tmp_path / "pool", "prestart", jobs=1, run_dir=run_dir)
     assert POOLS.started == started + 1, "a stage started its own pool instead"
     by_id = {c["cell_id"]: c for c in doc["cells"]}
     assert [by_id[c]["outcome"] for c in CELLS] == ["pass", "pass"], doc["cells"]
+    assert differences(fresh, doc) == []
+    assert len(list(run_dir.glob("pools/*/torchrun.log"))) == 1
     d = by_id[CELLS[0]]["durations"]
     assert d["save.preload"] > 0 and d["save.imports"] < d["save.preload"], d
     phases = sum(v for k, v in d.items() if k.startswith("save."))
     assert abs(phases - d["save_stage"]) < 0.5, d
     load = by_id[CELLS[1]]["durations"]
     assert "load.preload" not in load and load["load.start"] < 2, load  # the warm pool
+    assert pool_processes(tmp_path) == []
 
 
 def test_a_rank_refuses_the_packages_trim_names():
@@ -54,7 +68,6 @@ def test_a_rank_refuses_the_packages_trim_names():
 
 
 @pytest.mark.cpu
-@pytest.mark.xdist_group("pool")
 def test_repro_starts_its_save_pools_before_its_own_checks(tmp_path, monkeypatch):
     """make repro's GPU flow (run/repro.py) with cpu-tier cells standing in for its GPU cells:
     the pool started before the checks runs the save and its load, and a variable the checks
