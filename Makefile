@@ -4,9 +4,10 @@ SHELL := /bin/bash
 # tools/python.sh prints the interpreter, or its reason on stderr and nothing on stdout: then
 # every target that needs Python stops here (make's exit 2) instead of running "-m harness".
 PY = $(or $(shell bash tools/python.sh),$(error no Python for the harness: see the line above from tools/python.sh))
-# 4 workers on 2 cores: many tests wait on a stage timeout or a peer rank, and the other workers'
-# ranks fill that time (docs/benchmarks.md, issue 23)
-PYTEST_WORKERS ?= 4
+# 3 workers on 2 cores: many tests wait on a stage timeout or a peer rank, and another worker's
+# ranks fill that time; a 4th only adds contention (fresh clones: 2 -> 401 s, 3 -> 382 s,
+# 4 -> 508 s of `make test`; docs/benchmarks.md, issue 23)
+PYTEST_WORKERS ?= 3
 RESULTS ?= results
 
 help:             ## this list
