@@ -52,7 +52,7 @@ lint:             ## CI file against GitLab's schema, Dockerfile lint
 
 .PHONY: ci-local
 ci-local:         ## lint + cpu-tests jobs run from .gitlab-ci.yml by gitlab-ci-local (shell executor; docs/ci.md)
-	bash tools/gitlab-ci-local.sh --force-shell-executor --unset-variable PIP_CACHE_DIR \
+	bash tools/gitlab-ci-local.sh --force-shell-executor --unset-variable PIP_CACHE_DIR --unset-variable UV_CACHE_DIR \
 	  --variable CI_PIPELINE_SOURCE=merge_request_event --needs cpu-tests
 
 docker-build:

@@ -63,6 +63,8 @@ def pytest_configure(config):
     from harness.launch.signals import exit_cleanly_on_sigterm
 
     exit_cleanly_on_sigterm()
+    if hasattr(config.option, "loadscopereorder"):  # xdist keeps the order conftest gives
+        config.option.loadscopereorder = False
     if hasattr(config, "workerinput"):  # xdist worker: the controller's run dir, own GPUs
         config.harness_run_dir = Path(config.workerinput["harness_run_dir"])
         _own_gpus(config)
@@ -100,6 +102,33 @@ def pytest_collection_modifyitems(config, items):
         nodeid = item.nodeid
         if names and nodeid.rfind("@") <= nodeid.rfind("]"):
             item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
+    items[:] = _longest_units_first(items)
+
+
+DURATIONS = Path(__file__).parent / "tests" / "durations.json"
+UNKNOWN_TEST_S = 0.2  # a test not in DURATIONS: most tests take less than a second
+
+
+def _longest_units_first(items: list) -> list:
+    """The xdist work units (a group, or a test of its own), longest first by the seconds of
+    tests/durations.json (`bench/junit_times.py --write-durations`). Workers take units in this
+    order, so the run ends on short tests that fill both cores, not on a worker alone with a
+    20 s teardown test while the others are idle. Tests keep their order within a unit."""
+    import json
+
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+
+    def unit(item) -> str:
+        nodeid = item.nodeid
+        return nodeid[nodeid.rfind("@") + 1:] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(unit(item), []).append(item)
+    cost = {name: sum(known.get(f"{i.path.relative_to(i.config.rootpath).as_posix()}::{i.name}",
+                                UNKNOWN_TEST_S) for i in members)
+            for name, members in units.items()}
+    return [i for name in sorted(units, key=lambda n: -cost[n]) for i in units[name]]
 
 
 def _module_fixture_group(item) -> list[str]:

@@ -1,15 +1,19 @@
 """Where the test suite's time goes, from the JUnit file pytest wrote (`make test` writes one).
 
-    python bench/junit_times.py results/junit.xml [--top 15] [--files 0]
+    python bench/junit_times.py results/junit.xml [--top 15] [--files 0] [--write-durations F]
 
 Prints one row per test file (seconds summed over its tests, setup and teardown included, as
 pytest's JUnit ``time`` counts them; passed / skipped / failed), largest first, then the slowest
 tests. Under xdist the per-file sums add up to more than the wall clock (tests run side by
 side); the suite line gives pytest's own wall. Figures only, no thresholds.
+
+``--write-durations tests/durations.json`` also writes each test's seconds (1 s and more), the
+order conftest.py hands work to the xdist workers in (longest first).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -33,6 +37,23 @@ def file_of(case: ET.Element) -> str:
     return case.get("classname") or "?"
 
 
+def test_key(case: ET.Element) -> str:
+    """``file::name`` with xdist's ``@group`` suffix off (the JUnit name of a parametrized test
+    in a group reads ``test_x[p]@group]``): what conftest.py looks up."""
+    name = case.get("name", "")
+    head = name[:name.rfind("@")]
+    if "@" in name and head.count("[") == head.count("]"):
+        name = head
+    return f"{file_of(case)}::{name}"
+
+
+def write_durations(cases: list[ET.Element], path: Path, floor_s: float = 1.0) -> int:
+    times = {test_key(c): round(float(c.get("time") or 0), 1) for c in cases
+             if outcome(c) == "passed" and float(c.get("time") or 0) >= floor_s}
+    path.write_text(json.dumps(dict(sorted(times.items())), indent=0) + "\n")
+    return len(times)
+
+
 def read(path: Path) -> tuple[list[ET.Element], list[ET.Element]]:
     try:
         root = ET.parse(path).getroot()
@@ -49,8 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("junit", type=Path)
     p.add_argument("--top", type=int, default=15, help="slowest tests to list (default 15)")
     p.add_argument("--files", type=int, default=0, help="files to list, largest first (0: all)")
+    p.add_argument("--write-durations", type=Path, metavar="FILE",
+                   help="write the seconds of every passed test of 1 s or more (tests/durations.json)")
     args = p.parse_args(argv)
     suites, cases = read(args.junit)
+    if args.write_durations:
+        n = write_durations(cases, args.write_durations)
+        print(f"{args.write_durations}: {n} tests of 1 s or more")
     per_file: dict[str, float] = defaultdict(float)
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for case in cases:

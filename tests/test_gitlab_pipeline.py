@@ -212,6 +212,7 @@ def test_cache_key_files_within_gitlab_limit(preview):
 def test_lint_job_passes_in_the_shell_executor(gcl):
     """The lint job's own script, run here from .gitlab-ci.yml (no docker: shell executor)."""
     proc = gcl("--force-shell-executor", "--unset-variable", "PIP_CACHE_DIR",
+               "--unset-variable", "UV_CACHE_DIR",
                *_vars("merge_request_event"), "lint", timeout=LINT_JOB_TIMEOUT_S)
     out = _ok(proc)
     assert "PASS" in out and "lint" in out, out

@@ -91,6 +91,33 @@ def test_a_signal_tears_down_and_leaves_a_partial_results_file(tmp_path, sig, co
     assert sig.name in cell["reason"] and cell["exception_type"] is None
 
 
+RACE = """
+import sys, time
+from pathlib import Path
+from harness.run.results import new_run_dir
+root, start = Path(sys.argv[1]), float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))  # every process asks at the same moment
+run = new_run_dir(root, "twin")
+(run / "owner").write_text(sys.argv[3])
+print(run.name)
+"""
+
+
+def test_runs_started_at_once_get_their_own_run_directories(tmp_path):
+    """The smaller case of the twin runs below (`make test`): processes that ask for a run
+    directory at the same moment, with the same label, as two `python -m harness run` do, each
+    get their own (the CLI's checkpoints, stages and pools live under it)."""
+    n = 6
+    start = time.time() + 3.0  # past every interpreter's start-up
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path), str(start), str(i)],
+                              cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True) for i in range(n)]
+    names = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0] * n, names
+    assert len(set(names)) == n, names
+    assert {(tmp_path / name / "owner").read_text() for name in names} == {str(i) for i in range(n)}
+
+
+@pytest.mark.slow
 def test_two_runs_started_at_once_share_nothing(tmp_path):
     procs = [start_cli(tmp_path, "run", "--cells", SAVE_ONLY, "--label", "twin") for _ in range(2)]
     outs = [p.communicate(timeout=400)[0] for p in procs]

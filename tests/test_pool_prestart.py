@@ -1,7 +1,8 @@
 """Pools started ahead of their stages (make repro's save wave, issue 23) on the cpu tier with
-the real stack: the stage takes the pool started for it (no second start), the preload shows
-as the first stage's ``preload`` phase and the phases still add up to the stage wall; and a
-rank refuses the packages HARNESS_RANK_TRIM names, as if they were not installed."""
+the real stack: make repro's flow starts the save pool before its checks, the stages take it
+(no second start) with the fresh records, the preload shows as the first stage's ``preload``
+phase and the phases still add up to the stage wall; and a rank refuses the packages
+HARNESS_RANK_TRIM names, as if they were not installed."""
 from __future__ import annotations
 
 import os
@@ -12,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.launch.pool import POOLS
-from harness.run.cells import prestart_save_pools, run_cells, select_cells
-from harness.run.results import new_run_dir
+from harness.run.cells import run_cells, select_cells
 from harness.scenario.scenarios import load_all
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,27 +23,42 @@ CELLS = [f"cpu-reshard[save={SAVE},save-only]",
 
 
 @pytest.mark.cpu
-def test_a_prestarted_pool_serves_the_save_and_its_load_with_the_fresh_records(tmp_path, monkeypatch):
-    """The smallest pool-mode equivalence (tests/test_pool.py has the 4-cell one under -m slow)
-    and the prestart in one run, so the fresh reference is paid for once: the save and a load of
-    the same world size in fresh mode, then in pool mode on a pool started ahead of them (make
-    repro's save wave). Equal records; the stages take the prestarted pool (one start for two
-    stages, none in fresh mode); the preload is the save's first phase and the phases still
-    add up to the stage wall; the load finds the pool warm."""
+def test_repro_flow_prestarts_the_save_pool_that_serves_the_save_and_its_load(tmp_path, monkeypatch):
+    """make repro's GPU flow (run/repro.py), cpu-tier cells standing in for its GPU cells, against
+    the fresh torchrun per stage: the smallest pool-mode equivalence (tests/test_pool.py has the
+    4-cell one under -m slow) and the prestart in one run, so the fresh reference and the pool
+    are paid for once. Equal records; the pool started before the controller's checks serves
+    the save and its load (one start for two stages, none in fresh mode), a variable the checks
+    set (as a controller's CUDA init may) does not keep the stages off it; the preload is the
+    save's first phase and the phases still add up to the stage wall; the load finds it warm."""
+    import json
+
     from tests.test_pool import pool_processes
     from harness.report.equivalence import differences
+    from harness.run import repro as repro_mod
 
     cells = select_cells(load_all(), CELLS)
     monkeypatch.setenv("HARNESS_STAGE_MODE", "fresh")
     fresh = run_cells(cells, tmp_path / "fresh", "fresh", jobs=1)
     assert not list((tmp_path / "fresh").glob("*/pools")), "fresh mode started a pool"
+
+    def checks(*_):
+        os.environ["CUDA_SET_BY_CHECKS"] = "1"
+        return None
+
     monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
+    monkeypatch.delenv("CUDA_SET_BY_CHECKS", raising=False)
+    monkeypatch.setattr(repro_mod, "GPU_REPRO_CELLS", CELLS)
+    monkeypatch.setattr(repro_mod, "_looks_like_gpu_host", lambda: True)
+    monkeypatch.setattr(repro_mod, "tier_skip_reason", checks)
+    monkeypatch.setattr(repro_mod, "_header", lambda *_: None)
     POOLS.close_all()  # nothing idle left by earlier tests of this worker
-    run_dir = new_run_dir(tmp_path / "pool", "prestart")
     started = POOLS.started
-    assert prestart_save_pools(cells, run_dir) == 1
-    doc = run_cells(cells, tmp_path / "pool", "prestart", jobs=1, run_dir=run_dir)
+    assert repro_mod.repro(tmp_path / "pool") == 0
     assert POOLS.started == started + 1, "a stage started its own pool instead"
+    assert "CUDA_SET_BY_CHECKS" not in os.environ
+    (run_dir,) = (tmp_path / "pool").iterdir()  # the early run directory, no other
+    doc = json.loads((run_dir / "results.json").read_text())
     by_id = {c["cell_id"]: c for c in doc["cells"]}
     assert [by_id[c]["outcome"] for c in CELLS] == ["pass", "pass"], doc["cells"]
     assert differences(fresh, doc) == []
@@ -70,28 +85,3 @@ def test_a_rank_refuses_the_packages_trim_names():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["['csv', 'nosuchpkg']", "refused csv"], out.stdout
-
-
-@pytest.mark.cpu
-def test_repro_starts_its_save_pools_before_its_own_checks(tmp_path, monkeypatch):
-    """make repro's GPU flow (run/repro.py) with cpu-tier cells standing in for its GPU cells:
-    the pool started before the checks runs the save and its load, and a variable the checks
-    set (as a controller's CUDA init may) does not keep the stages off it."""
-    from harness.run import repro as repro_mod
-
-    def checks(*_):
-        os.environ["CUDA_SET_BY_CHECKS"] = "1"
-        return None
-
-    monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
-    monkeypatch.delenv("CUDA_SET_BY_CHECKS", raising=False)
-    monkeypatch.setattr(repro_mod, "GPU_REPRO_CELLS", CELLS)
-    monkeypatch.setattr(repro_mod, "_looks_like_gpu_host", lambda: True)
-    monkeypatch.setattr(repro_mod, "tier_skip_reason", checks)
-    monkeypatch.setattr(repro_mod, "_header", lambda *_: None)
-    POOLS.close_all()
-    started = POOLS.started
-    assert repro_mod.repro(tmp_path) == 0
-    assert POOLS.started == started + 1, "a stage started its own pool instead"
-    assert "CUDA_SET_BY_CHECKS" not in os.environ
-    assert len(list(tmp_path.iterdir())) == 1, "the early run directory and another"
