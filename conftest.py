@@ -100,9 +100,15 @@ def pytest_collection_modifyitems(config, items):
                         for m in item.iter_markers("xdist_group")})
         names = names or _module_fixture_group(item)
         nodeid = item.nodeid
-        if names and nodeid.rfind("@") <= nodeid.rfind("]"):
+        if names and _work_unit(nodeid) == nodeid:
             item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
     items[:] = _longest_units_first(items)
+
+
+def _work_unit(nodeid: str) -> str:
+    """xdist's unit of work under ``--dist loadgroup``: the group after the last ``@`` that
+    follows the parameters, else the test itself (the rule of its LoadGroupScheduling)."""
+    return nodeid[nodeid.rfind("@") + 1:] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
 
 
 DURATIONS = Path(__file__).parent / "tests" / "durations.json"
@@ -117,14 +123,9 @@ def _longest_units_first(items: list) -> list:
     import json
 
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
-
-    def unit(item) -> str:
-        nodeid = item.nodeid
-        return nodeid[nodeid.rfind("@") + 1:] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
-
     units: dict[str, list] = {}
     for item in items:
-        units.setdefault(unit(item), []).append(item)
+        units.setdefault(_work_unit(item.nodeid), []).append(item)
     cost = {name: sum(known.get(f"{i.path.relative_to(i.config.rootpath).as_posix()}::{i.name}",
                                 UNKNOWN_TEST_S) for i in members)
             for name, members in units.items()}

@@ -41,9 +41,9 @@ def test_key(case: ET.Element) -> str:
     """``file::name`` with xdist's ``@group`` suffix off (the JUnit name of a parametrized test
     in a group reads ``test_x[p]@group]``): what conftest.py looks up."""
     name = case.get("name", "")
-    head = name[:name.rfind("@")]
-    if "@" in name and head.count("[") == head.count("]"):
-        name = head
+    if "@" in name:
+        head = name[:name.rfind("@")]
+        name = head if head.count("[") == head.count("]") else name
     return f"{file_of(case)}::{name}"
 
 

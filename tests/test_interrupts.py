@@ -110,8 +110,14 @@ def test_runs_started_at_once_get_their_own_run_directories(tmp_path):
     n = 6
     start = time.time() + 3.0  # past every interpreter's start-up
     procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path), str(start), str(i)],
-                              cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True) for i in range(n)]
-    names = [p.communicate(timeout=60)[0].strip() for p in procs]
+                              cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True) for i in range(n)]
+    try:
+        names = [p.communicate(timeout=60)[0].strip() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
     assert [p.returncode for p in procs] == [0] * n, names
     assert len(set(names)) == n, names
     assert {(tmp_path / name / "owner").read_text() for name in names} == {str(i) for i in range(n)}
