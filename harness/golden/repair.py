@@ -25,9 +25,9 @@ CPU, without building the model:
 
 Memory: tensors are streamed. Planning uses meta tensors (shapes only); torch DCP's
 FileSystemWriter resolves one write item at a time (``_SerialCpuLoader``), each is read from
-SRC on demand and its storage freed once written (``OneAtATime``), so peak memory is about one
-tensor (the largest, twice for a copy) plus the metadata and the small ``_extra_state`` objects
-(measured: docs/benchmarks.md, "Checkpoint repair"). DST is written into a sibling temporary
+SRC on demand and its storage freed once written (harness/golden/streamed_save.py), so peak
+memory is about one tensor (the largest, twice for a copy) plus the metadata and the small
+``_extra_state`` objects (measured: docs/benchmarks.md, "Checkpoint repair"). DST is written into a sibling temporary
 directory and renamed into place only after verification: a failed run leaves no DST.
 """
 from __future__ import annotations
@@ -47,6 +47,7 @@ from harness.check.layouts import CkptLayout
 from harness.check.keys import EXPERT_WEIGHT, SHARED_WEIGHT_AMAX, WEIGHT_AMAX_SUFFIX
 from harness.golden.layout import inspect_checkpoint
 from harness.golden.storage import DamagedCheckpoint, NotACheckpoint, torch_metadata
+from harness.golden.streamed_save import save_streamed
 
 # "<prefix>.experts.experts.<e>.<linear>._extra_state/shard_..." of a TEGroupedMLP expert linear
 _EXPERT_EXTRA_STATE = re.compile(
@@ -228,38 +229,9 @@ def rename_shared_weight_quantizer(raw: bytes, key: str) -> bytes:
     return outer.getvalue()
 
 
-class OneAtATime:
-    """Hands tensors to torch DCP's FileSystemWriter and frees the storage of the one handed out
-    before. Why: the writer keeps every tensor it wrote in a dict until the file is closed (torch
-    2.13 distributed/checkpoint/filesystem.py:451, ``tensor_dict``, used only for safetensors),
-    so a one-file checkpoint would otherwise stay whole in memory. Safe only with the writer's
-    serial loader (``per_thread_copy_ahead=0``: each tensor is written before the next is asked
-    for); ``writer()`` builds it so."""
-
-    def __init__(self):
-        self.previous = None
-
-    def __call__(self, tensor):
-        if not tensor.untyped_storage().resizable():  # e.g. a view of the reader's buffer
-            tensor = tensor.clone()
-        if self.previous is not None:
-            self.previous.untyped_storage().resize_(0)
-        self.previous = tensor
-        return tensor
-
-    @staticmethod
-    def writer(path: Path):
-        import torch.distributed.checkpoint as dcp
-
-        return dcp.FileSystemWriter(str(path), thread_count=1, per_thread_copy_ahead=0)
-
-
 def _write(plan: Plan, source: Source, out: Path) -> None:
     """DST's tensors and objects into ``out`` through torch DCP's FileSystemWriter, streamed."""
     import torch
-    import torch.distributed.checkpoint as dcp
-    from megatron.core.dist_checkpointing.strategies.torch import MCoreSavePlanner
-    from torch.distributed.checkpoint.planner import WriteItemType
 
     md = source.md.state_dict_metadata
     objects = source.raw_objects(plan.copied_objects + plan.rewritten_objects)
@@ -285,19 +257,7 @@ def _write(plan: Plan, source: Source, out: Path) -> None:
         plan.hashes[key] = tensor_sha256(t)
         return t
 
-    hand_out = OneAtATime()
-
-    class Streaming(MCoreSavePlanner):
-        """megatron-core's planner (objects are already serialized bytes); tensors come from SRC
-        when the writer asks for them, not from the state dict (which holds meta tensors)."""
-
-        def resolve_data(self, write_item):
-            if write_item.type == WriteItemType.BYTE_IO:
-                return super().resolve_data(write_item)
-            return hand_out(produce(write_item.index.fqn))
-
-    dcp.save(state, storage_writer=OneAtATime.writer(out),
-             planner=Streaming(flatten_state_dict=False, can_run_decentralized_global_plan=False))
+    save_streamed(state, out, produce)
     for name in plan.files:
         s, d = plan.src / name, out / name
         shutil.copytree(s, d) if s.is_dir() else shutil.copy2(s, d)

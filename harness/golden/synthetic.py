@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from harness.check.layouts import GoldenLayout
+from harness.golden.streamed_save import save_streamed
 
 SHARED, INCOMPLETE, COMPLETE = GoldenLayout.SHARED, GoldenLayout.INCOMPLETE, GoldenLayout.COMPLETE
 
@@ -71,7 +72,6 @@ def synthesize(out: Path | str, *, layers: int, experts: int, hidden: int = 16, 
     import torch
     import torch.distributed.checkpoint as dcp
     from megatron.core.dist_checkpointing.strategies.torch import MCoreSavePlanner
-    from torch.distributed.checkpoint.planner import WriteItemType
 
     out = Path(out)
     tensors, objects = keys_and_shapes(layers, experts, hidden, ffn, layout, prefix)
@@ -86,18 +86,7 @@ def synthesize(out: Path | str, *, layers: int, experts: int, hidden: int = 16, 
             t = t.abs() + 0.5
         return t.to(torch.bfloat16)
 
-    from harness.golden.repair import OneAtATime
-
-    hand_out = OneAtATime()
-
-    class Lazy(MCoreSavePlanner):
-        def resolve_data(self, write_item):
-            if write_item.type == WriteItemType.BYTE_IO:
-                return super().resolve_data(write_item)
-            return hand_out(produce(write_item.index.fqn))
-
-    dcp.save(state, storage_writer=OneAtATime.writer(out),
-             planner=Lazy(flatten_state_dict=False, can_run_decentralized_global_plan=False))
+    save_streamed(state, out, produce)
     backend = {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
     (out / "metadata.json").write_text(json.dumps(backend))
     ms = out / "modelopt_state"
