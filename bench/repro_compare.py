@@ -1,19 +1,30 @@
 """``make repro`` of two (or more) versions of the harness, side by side (issue 23).
 
     python bench/repro_compare.py LOG [LOG ...]
+    python bench/repro_compare.py --run OUT [--results-root DIR] --side NAME TREE [VAR=VALUE ...] [--side ...]
 
-Each LOG is the output of one ``python -m harness repro`` with a last line ``wall: <s> s``
-appended by its caller (tools/gpu-host/run.sh repro-compare). Prints, per side, the harness
-clock ("repro finished in N s"), the wall and the results file; per cell, each side's outcome
-and stage walls; then whether every side has the same cells with the same outcome, exception
-type and failing key. Exit 1 when they differ, 2 when a log is unreadable.
+Each LOG is the output of one ``python -m harness repro`` with a last line ``wall: <s> s``.
+``--run`` makes them: one repro per side, one after the other, in TREE (a checkout, or an older
+commit unpacked by ``git archive``) with this interpreter and VAR=VALUE added to the
+environment, results under DIR/NAME (default OUT/results/NAME), log OUT/repro-NAME.log (tools/gpu-host/run.sh
+repro-compare on the GPU host; the cpu recipe in docs/benchmarks.md). Prints, per side, the
+harness clock ("repro finished in N s"), the wall and the results file; per cell, each side's
+outcome and stage walls; then whether every side has the same cells with the same outcome,
+exception type and failing key. Exit 1 when they differ, 2 when a log is unreadable.
 """
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+SIDE_TIMEOUT_S = 1800  # one repro; the GPU one takes 60-130 s, the cpu one 40-100 s
 
 SAME = ("outcome", "exception_type", "failing_key")
 
@@ -31,7 +42,52 @@ def side(log: Path) -> dict:
             "cells": {c["cell_id"]: c for c in doc["cells"]}}
 
 
+def run_side(out: Path, results: Path, name: str, tree: Path, env: dict[str, str]) -> Path:
+    """One ``python -m harness repro`` in ``tree``; its log with the ``wall:`` line appended.
+    The repro runs in its own process group, killed whole if it outlives SIDE_TIMEOUT_S."""
+    log = out / f"repro-{name}.log"
+    cmd = [sys.executable, "-m", "harness", "--results-root", str(results.resolve() / name), "repro"]
+    start = time.monotonic()
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, **env}, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=SIDE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        f.write(f"wall: {time.monotonic() - start:.1f} s\n")
+    print(f"repro {name}: rc {rc}, {time.monotonic() - start:.1f} s, {log}", file=sys.stderr)
+    return log
+
+
+def run_sides(argv: list[str]) -> list[str]:
+    """``--run OUT --side NAME TREE [VAR=VALUE ...] ...`` -> the logs of the sides it ran."""
+    ap = argparse.ArgumentParser(prog="bench/repro_compare.py", usage="%(prog)s --run OUT "
+                                 "[--results-root DIR] --side NAME TREE [VAR=VALUE ...] [--side ...]")
+    ap.add_argument("--run", type=Path, required=True)
+    ap.add_argument("--results-root", type=Path)
+    ap.add_argument("--side", nargs="+", action="append", required=True)
+    args = ap.parse_args(argv)
+    sides = []
+    for name, *rest in args.side:
+        if not rest or not (Path(rest[0]) / "harness" / "__main__.py").is_file():
+            ap.error(f"--side {name}: TREE must be a harness checkout (harness/__main__.py)")
+        pairs = [kv.split("=", 1) for kv in rest[1:]]
+        if any(len(kv) != 2 for kv in pairs):
+            ap.error(f"--side {name}: environment entries read VAR=VALUE")
+        sides.append((name, Path(rest[0]), dict(pairs)))
+    args.run.mkdir(parents=True, exist_ok=True)
+    results = args.results_root or args.run / "results"
+    return [str(run_side(args.run, results, name, tree, env)) for name, tree, env in sides]
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--run"]:
+        argv = run_sides(argv)
     try:
         sides = [side(Path(a)) for a in argv]
     except (OSError, ValueError) as exc:

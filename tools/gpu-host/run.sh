@@ -119,20 +119,17 @@ print("PYTHONDONTWRITEBYTECODE", os.environ.get("PYTHONDONTWRITEBYTECODE"),
 PY
     # the stack's files in the page cache before the first side, so no side pays a cold read
     [ "${WARM:-1}" = 0 ] || python3 -c "import time; t = time.time(); import transformer_engine.pytorch, megatron.core, modelopt.torch.quantization; print(f'warm-up import {time.time() - t:.1f} s')"
-    logs=()
+    sides=()
     for side in ${SIDES:-old new trim}; do
-      dir=.; trim=
-      [ "$side" = old ] && dir=$OLD_TREE
-      [ "$side" = trim ] && trim=${TRIM:-transformers,torchvision,numba}
-      start=$(date +%s.%N)
-      (cd "$dir" && HARNESS_RANK_TRIM=$trim python3 -m harness --results-root "$PWD_ROOT/$R/$side" repro) \
-        > "$OUT/repro-$side.log" 2>&1
-      rc=$?
-      echo "wall: $(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')") s" >> "$OUT/repro-$side.log"
-      echo "repro $side: rc $rc, $(grep -h '^repro finished' "$OUT/repro-$side.log"), $(tail -1 "$OUT/repro-$side.log")"
-      logs+=("$OUT/repro-$side.log")
+      case $side in
+        old) sides+=(--side old "$OLD_TREE") ;;
+        new) sides+=(--side new .) ;;
+        trim) sides+=(--side trim . "HARNESS_RANK_TRIM=${TRIM:-transformers,torchvision,numba}") ;;
+        *) echo "repro-compare: unknown side '$side' (old, new, trim)" >&2; exit 2 ;;
+      esac
     done
-    python3 bench/repro_compare.py "${logs[@]}" | tee "$OUT/repro-compare.md" ;;
+    python3 bench/repro_compare.py --run "$OUT" --results-root "$PWD_ROOT/$R" "${sides[@]}" \
+      | tee "$OUT/repro-compare.md" ;;
   profile)
     python3 bench/import_profile.py --repeats 2 --json "$OUT/import-profile.json"
     python3 bench/import_profile.py --repeats 1 --concurrent 8 --json "$OUT/import-profile-x8.json"
