@@ -1,13 +1,15 @@
 """``make repro`` of two (or more) versions of the harness, side by side (issue 23).
 
     python bench/repro_compare.py LOG [LOG ...]
-    python bench/repro_compare.py --run OUT [--results-root DIR] --side NAME TREE [VAR=VALUE ...] [--side ...]
+    python bench/repro_compare.py --run OUT [--results-root DIR]
+                                  --side NAME TREE [VAR=VALUE ...] [--side ...]
 
 Each LOG is the output of one ``python -m harness repro`` with a last line ``wall: <s> s``.
 ``--run`` makes them: one repro per side, one after the other, in TREE (a checkout, or an older
 commit unpacked by ``git archive``) with this interpreter and VAR=VALUE added to the
-environment, results under DIR/NAME (default OUT/results/NAME), log OUT/repro-NAME.log (tools/gpu-host/run.sh
-repro-compare on the GPU host; the cpu recipe in docs/benchmarks.md). Prints, per side, the
+environment, results under DIR/NAME (default OUT/results/NAME), log OUT/repro-NAME.log
+(tools/gpu-host/run.sh repro-compare on the GPU host; the cpu recipe in docs/benchmarks.md).
+Prints, per side, the
 harness clock ("repro finished in N s"), the wall and the results file; per cell, each side's
 outcome and stage walls; then whether every side has the same cells with the same outcome,
 exception type and failing key. Exit 1 when they differ, 2 when a log is unreadable.
@@ -52,15 +54,16 @@ def run_side(out: Path, results: Path, name: str, tree: Path, env: dict[str, str
         proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, **env}, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout=SIDE_TIMEOUT_S)
+            proc.wait(timeout=SIDE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            rc = proc.wait()
+            pass  # killed below, as on any other way out
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        f.write(f"wall: {time.monotonic() - start:.1f} s\n")
-    print(f"repro {name}: rc {rc}, {time.monotonic() - start:.1f} s, {log}", file=sys.stderr)
+                proc.wait()
+        wall = time.monotonic() - start
+        f.write(f"wall: {wall:.1f} s\n")
+    print(f"repro {name}: rc {proc.returncode}, {wall:.1f} s, {log}", file=sys.stderr)
     return log
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_gitlab_ci_local_install import bounded
+
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "repro_compare.py"
@@ -40,8 +42,7 @@ def tree(tmp_path: Path, name: str) -> Path:
 
 
 def compare(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
-                          text=True, timeout=120)
+    return bounded([sys.executable, str(SCRIPT), *map(str, args)], timeout=120)
 
 
 def test_each_side_runs_in_its_tree_with_its_environment_and_the_same_outcomes_pass(tmp_path):
@@ -74,7 +75,7 @@ def test_sides_with_the_same_outcomes_exit_0(tmp_path):
 @pytest.mark.parametrize("side, says", [
     (["x", "/nonexistent"], "TREE must be a harness checkout"),
     (["x"], "TREE must be a harness checkout"),
-    (["x", ".", "NOVALUE"], "environment entries read VAR=VALUE"),
+    (["x", str(ROOT), "NOVALUE"], "environment entries read VAR=VALUE"),
 ])
 def test_a_bad_side_is_one_line_and_exit_2(tmp_path, side, says):
     done = compare("--run", tmp_path / "out", "--side", *side)

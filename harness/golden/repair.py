@@ -27,8 +27,9 @@ Memory: tensors are streamed. Planning uses meta tensors (shapes only); torch DC
 FileSystemWriter resolves one write item at a time (``_SerialCpuLoader``), each is read from
 SRC on demand and its storage freed once written (harness/golden/streamed_save.py), so peak
 memory is about one tensor (the largest, twice for a copy) plus the metadata and the small
-``_extra_state`` objects (measured: docs/benchmarks.md, "Checkpoint repair"). DST is written into a sibling temporary
-directory and renamed into place only after verification: a failed run leaves no DST.
+``_extra_state`` objects (measured: docs/benchmarks.md, "Checkpoint repair"). DST is written
+into a sibling temporary directory and renamed into place only after verification: a failed
+run leaves no DST.
 """
 from __future__ import annotations
 

@@ -122,8 +122,8 @@ PY
     sides=()
     for side in ${SIDES:-old new trim}; do
       case $side in
-        old) sides+=(--side old "$OLD_TREE") ;;
-        new) sides+=(--side new .) ;;
+        old) sides+=(--side old "$OLD_TREE" HARNESS_RANK_TRIM=) ;;
+        new) sides+=(--side new . HARNESS_RANK_TRIM=) ;;
         trim) sides+=(--side trim . "HARNESS_RANK_TRIM=${TRIM:-transformers,torchvision,numba}") ;;
         *) echo "repro-compare: unknown side '$side' (old, new, trim)" >&2; exit 2 ;;
       esac
