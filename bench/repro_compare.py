@@ -12,7 +12,8 @@ environment, results under DIR/NAME (default OUT/results/NAME), log OUT/repro-NA
 Prints, per side, the
 harness clock ("repro finished in N s"), the wall and the results file; per cell, each side's
 outcome and stage walls; then whether every side has the same cells with the same outcome,
-exception type and failing key. Exit 1 when they differ, 2 when a log is unreadable.
+exception type and failing key. Exit 1 when they differ (or, with ``--run``, when a side's
+repro exited non-zero), 2 when a log is unreadable.
 """
 from __future__ import annotations
 
@@ -44,9 +45,9 @@ def side(log: Path) -> dict:
             "cells": {c["cell_id"]: c for c in doc["cells"]}}
 
 
-def run_side(out: Path, results: Path, name: str, tree: Path, env: dict[str, str]) -> Path:
-    """One ``python -m harness repro`` in ``tree``; its log with the ``wall:`` line appended.
-    The repro runs in its own process group, killed whole if it outlives SIDE_TIMEOUT_S."""
+def run_side(out: Path, results: Path, name: str, tree: Path, env: dict[str, str]) -> tuple[Path, int]:
+    """One ``python -m harness repro`` in ``tree``: its log (``wall:`` line appended) and exit
+    code. The repro runs in its own process group, killed whole if it outlives SIDE_TIMEOUT_S."""
     log = out / f"repro-{name}.log"
     cmd = [sys.executable, "-m", "harness", "--results-root", str(results.resolve() / name), "repro"]
     start = time.monotonic()
@@ -64,11 +65,12 @@ def run_side(out: Path, results: Path, name: str, tree: Path, env: dict[str, str
         wall = time.monotonic() - start
         f.write(f"wall: {wall:.1f} s\n")
     print(f"repro {name}: rc {proc.returncode}, {wall:.1f} s, {log}", file=sys.stderr)
-    return log
+    return log, proc.returncode
 
 
-def run_sides(argv: list[str]) -> list[str]:
-    """``--run OUT --side NAME TREE [VAR=VALUE ...] ...`` -> the logs of the sides it ran."""
+def run_sides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``--run OUT --side NAME TREE [VAR=VALUE ...] ...`` -> the logs of the sides it ran, and
+    the names of those whose repro exited non-zero."""
     ap = argparse.ArgumentParser(prog="bench/repro_compare.py", usage="%(prog)s --run OUT "
                                  "[--results-root DIR] --side NAME TREE [VAR=VALUE ...] [--side ...]")
     ap.add_argument("--run", type=Path, required=True)
@@ -85,12 +87,23 @@ def run_sides(argv: list[str]) -> list[str]:
         sides.append((name, Path(rest[0]), dict(pairs)))
     args.run.mkdir(parents=True, exist_ok=True)
     results = args.results_root or args.run / "results"
-    return [str(run_side(args.run, results, name, tree, env)) for name, tree, env in sides]
+    ran = {name: run_side(args.run, results, name, tree, env) for name, tree, env in sides}
+    return [str(log) for log, _ in ran.values()], [name for name, (_, rc) in ran.items() if rc]
 
 
 def main(argv: list[str]) -> int:
+    failed: list[str] = []
     if argv[:1] == ["--run"]:
-        argv = run_sides(argv)
+        argv, failed = run_sides(argv)
+    rc = compare(argv)
+    if failed:
+        print(f"repro_compare: repro exited non-zero on {', '.join(failed)} (its log says why)",
+              file=sys.stderr)
+    return max(rc, 1) if failed else rc
+
+
+def compare(argv: list[str]) -> int:
+    """The side-by-side table of the repro logs ``argv``; 1 when their outcomes differ."""
     try:
         sides = [side(Path(a)) for a in argv]
     except (OSError, ValueError) as exc:

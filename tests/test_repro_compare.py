@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "repro_compare.py"
 
 # A stand-in `python -m harness --results-root R repro`: one cell whose outcome is $OUTCOME
-# (default pass); it reports the environment variable FLAVOUR it was given as its exception type.
+# (default pass); it reports the environment variable FLAVOUR it was given as its exception type
+# and exits with $RC (default 0).
 STAND_IN = textwrap.dedent('''
     import json, os, sys
     from pathlib import Path
@@ -31,6 +32,7 @@ STAND_IN = textwrap.dedent('''
     (root / "results.json").write_text(json.dumps({"cells": [cell]}))
     print("repro finished in 3 s")
     print(f"results: {root / 'results.json'}")
+    sys.exit(int(os.environ.get("RC", "0")))
 ''')
 
 
@@ -70,6 +72,16 @@ def test_sides_with_the_same_outcomes_exit_0(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "as one: yes" in done.stdout
     assert (tmp_path / "res" / "two" / "run-1" / "results.json").is_file()
+
+
+def test_a_side_whose_repro_exits_non_zero_makes_the_comparison_exit_1(tmp_path):
+    """Same outcomes, but one repro said it failed: the comparison must not read as clean."""
+    a = tree(tmp_path, "a")
+    done = compare("--run", tmp_path / "out", "--side", "ok", a, "--side", "bad", a, "RC=3")
+    assert "as ok: yes" in done.stdout
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "repro bad: rc 3" in done.stderr
+    assert "repro exited non-zero on bad" in done.stderr
 
 
 @pytest.mark.parametrize("side, says", [
