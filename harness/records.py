@@ -141,9 +141,25 @@ class CellRecord:
     # A finding about the product that is not the checkpoint's (harness/check/logits.py
     # topology_finding: the forward differs across topologies beyond its noise floor).
     finding: str | None = None
+    # The quantization recipe (harness/model/recipes.py); None: recorded before the recipe
+    # axis, when every run used the default (``recipe_ref``), and not written then, so such a
+    # record re-judges to the same bytes.
+    recipe: str | None = None
+    # The amax kinds its save's calibration made, per module family (harness/model/quant.py).
+    amax_kinds: dict | None = None
+
+    @property
+    def recipe_ref(self) -> str:
+        from harness.model.recipes import DEFAULT_RECIPE
+
+        return self.recipe or DEFAULT_RECIPE
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        for late in ("recipe", "amax_kinds"):  # fields younger than most committed runs
+            if out[late] is None:
+                del out[late]
+        return out
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], **defaults) -> "CellRecord":

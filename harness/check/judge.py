@@ -15,6 +15,7 @@ from typing import Mapping
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
 from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, topology_finding
 from harness.check import versions
+from harness.check.recipes import recipe_facts
 from harness.check.versions import installed_mcore, plugin_problem
 from harness.records import CauseKind, CellRecord, Expected, Outcome, StageCause, StageResult
 from harness.tiers import Backend, on_cuda
@@ -132,6 +133,37 @@ def under_version(rec: CellRecord, cell, stage: StageResult | None) -> None:
     rec.expectations = behaviour.label
     rec.notice = behaviour.notice(rec.modelopt, rec.mcore)
     rec.expected = cell.expected_under(behaviour)
+    if stage is not None and stage.stage == "save" and stage.rank0.get("amax_kinds") is not None:
+        rec.amax_kinds = stage.rank0["amax_kinds"]
+    if rec.notice is None and behaviour.known:
+        rec.notice = recipe_notice(rec, cell, behaviour)
+        if rec.notice:
+            rec.expected = Expected.RULE_UNKNOWN
+
+
+def recipe_notice(rec: CellRecord, cell, behaviour) -> str | None:
+    """Why the cell's recipe leaves it without a rule under a known pair, or None: a recipe the
+    catalogue does not know, a save that made other amax kinds than the catalogue says, an amax
+    kind the pair has no rule for, or an expert-TP change that kind has no rule for."""
+    ref = rec.recipe_ref
+    facts = recipe_facts(ref)
+    if facts is None:
+        return (f"recipe {ref}: not in harness/check/recipes.py (its amax kinds are not known "
+                "here); its cells are judged `rule-unknown`: what ran is recorded")
+    if not facts.agrees_with(rec.amax_kinds):
+        return (f"recipe {ref}: the save made amax kinds {rec.amax_kinds}, harness/check/"
+                f"recipes.py says {facts.kinds}: no rule judges what did not run as described")
+    kind = behaviour.kind_rule(facts.expert_kind)
+    if kind is None:
+        return (f"recipe {ref}: no rule for expert amax kind {facts.expert_kind!r} under "
+                f"{behaviour.label} (harness/check/versions.py)")
+    load = getattr(cell, "load", None)
+    if load is not None and kind.etp_change is None and load.etp != cell.save.etp \
+            and cell.expected_under(behaviour) == Expected.RULE_UNKNOWN:
+        return (f"recipe {ref}: expert amax kind {facts.expert_kind!r} loaded at another expert "
+                f"TP (etp{cell.save.etp} -> etp{load.etp}): no rule under {behaviour.label} "
+                "(harness/check/versions.py KindRule.etp_change); what ran is recorded")
+    return None
 
 
 def settle_unknown(rec: CellRecord) -> None:

@@ -19,6 +19,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.check.layouts import CkptLayout, GoldenLayout, Restore
+from harness.records import Expected
 
 # Layout of a grouped linear's weight quantizer in the checkpoint a release writes.
 SHARED, PER_EXPERT = CkptLayout.SHARED, CkptLayout.PER_EXPERT
@@ -79,6 +80,59 @@ def common_pt_problem(ckpt_dir, mcore: str | None, shown=None) -> str | None:
 
 
 @dataclass(frozen=True)
+class KindRule:
+    """What one pair does with one amax kind (harness/check/recipes.py) of the expert weights."""
+
+    # The per-expert tensors of this kind get the pair's replica ids (Behaviour.replica_rule):
+    # they collide wherever the scalar amax does.
+    replica_rule_applies: bool
+    # The second bug reaches this kind: load_state_dict re-calibrates it through expert 0.
+    lost_on_reload: bool
+    # What a load at another expert-TP size than the save's gives (an Expected word); None: no
+    # rule (nothing was read or run that decides it), so such a cell is ``rule-unknown``.
+    etp_change: str | None
+    # Calibrating this kind at expert TP > 1 is refused by ModelOpt: the text of its refusal
+    # (a save at ETP > 1 is refused when the cell is planned), None: allowed.
+    save_refused_at_etp_gt1: str | None = None
+    source: str = ""
+    checked_on: str = ""
+
+
+# One amax of shape (1,) per expert quantizer (dynamic NVFP4's global amax, FP8 per-tensor): the
+# kind every rule below was first written and checked for. Replicated across expert TP (no
+# shard axis: 0.47.0 plugins/megatron.py Column/Row _get_shard_axis_dict give axis None no
+# axis), so an ETP change reshards it like any replicated tensor.
+_SCALAR_SOURCE = ("0.47.0 plugins/megatron.py:917-946 and 0.48.0rc1 :960-990 build every "
+                  "weight_quantizer.{i}.* of a grouped linear the same way; axis None -> no "
+                  "shard axis (_get_shard_axis_dict), a replicated (1,) tensor per expert")
+# Static NVFP4 (block type static): ``_amax`` (weight numel / 16, 1) and ``_global_amax`` (1,).
+_STATIC_REFUSAL = ("NotImplementedError: Static-block NVFP4 weight quantization (e.g. MSE) is not "
+                   "supported with TP > 1")
+_STATIC_SOURCE = (
+    "0.47.0 plugins/megatron.py:917-946 (0.48.0rc1 :960-990): _amax and _global_amax are both "
+    "weight_quantizer.{i}.* subs, built with the same replica ids as the scalar amax; the block "
+    "quantizer's axis is None, so _get_shard_axis_dict gives the block _amax no shard axis: it is "
+    "written as a replicated tensor of its LOCAL shape (the expert weight's ETP shard / 16); "
+    "plugins/custom.py modelopt_post_restore (0.47.0 :150-181) skips the reset and re-calibration "
+    "when the restored static state is complete (amax numel == weight numel / 16), so the second "
+    "bug does not reach it at the save's ETP; model_calib.py (0.47.0 :370-376, 0.48.0rc1 the "
+    "same) calls _check_nvfp4_static_tp_supported, which refuses static NVFP4 calibration when "
+    "the module's TP group (expert TP for TEGroupedLinear, plugins/megatron.py :968-973) is > 1. "
+    "An ETP change gives a different local shape: not read to its end, not run")
+
+
+def scalar_rule(drops_on_reload: bool) -> KindRule:
+    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, etp_change=Expected.PASS,
+                    source=_SCALAR_SOURCE)
+
+
+def static_block_rule(checked_on: str = "") -> KindRule:
+    return KindRule(replica_rule_applies=True, lost_on_reload=False, etp_change=None,
+                    save_refused_at_etp_gt1=_STATIC_REFUSAL, source=_STATIC_SOURCE,
+                    checked_on=checked_on)
+
+
+@dataclass(frozen=True)
 class Behaviour:
     """The rule of one (nvidia-modelopt, megatron-core) pair."""
 
@@ -107,6 +161,16 @@ class Behaviour:
     # the pair cannot save at all. None: it can.
     cannot_save: str | None = None
     checked_on: str = ""  # where the rule was checked (tier and run), "" = source reading only
+    # Rules per amax kind of the expert weights (harness/check/recipes.py); a kind not listed has
+    # no rule for this pair: its cells are rule-unknown. Empty: the scalar kind only, by the
+    # fields above (the kind every rule was first written for).
+    kinds: dict[str, KindRule] = field(default_factory=dict)
+
+    def kind_rule(self, kind: str | None) -> KindRule | None:
+        """This pair's rule for an amax kind; None: no rule."""
+        if kind == "scalar" and "scalar" not in self.kinds:
+            return scalar_rule(self.drops_expert_amax_on_reload)
+        return self.kinds.get(kind or "")
 
     def matches(self, version: str, mcore: str | None = None) -> bool:
         return (SpecifierSet(self.specifier, prereleases=True).contains(version)
@@ -166,6 +230,7 @@ KNOWN = (
         label="0.47.0 + mcore 0.16.x|0.19.2", specifier="==0.47.0", layout=PER_EXPERT,
         replica_rule="dense-tp", drops_expert_amax_on_reload=True,
         golden_restore=_GOLDENS_PER_EXPERT, fix_applies=True,
+        kinds={"static-block": static_block_rule()},
         source=f"{_SRC_047}; megatron-core >= 0.16 fills replica_id[1] from the DENSE TP group "
                "(0.16.1 core/utils.py:1017-1020; 0.19.2 the same)",
         checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261202-122731-witness.md) "
@@ -189,6 +254,7 @@ KNOWN = (
         label="0.48.0rc1 + mcore 0.16.x|0.19.2", specifier="==0.48.0rc1", layout=PER_EXPERT,
         replica_rule="expert-tp", drops_expert_amax_on_reload=False,
         golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
+        kinds={"static-block": static_block_rule()},
         source=_SRC_048 + "; megatron-core >= 0.16 honours the groups (0.16.1 "
                "transformer/utils.py:81-82, core/utils.py:1009-1020)",
         checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261203-000204-matrix.md) "

@@ -1,23 +1,52 @@
-"""ModelOpt NVFP4 quantization (real calibration), and forwards with the quantizers bypassed."""
+"""ModelOpt quantization with a scenario's recipe (real calibration), the amax kinds it made,
+and forwards with the quantizers bypassed."""
 from __future__ import annotations
 
 import contextlib
 
 from harness.model.gpt import ModelSize, forward, sample_batch
+from harness.model.recipes import DEFAULT_RECIPE, Recipe, quant_config
 
 CALIBRATION_BATCHES = 3
 CALIBRATION_SEED = 100
 
 
-def quantize_nvfp4(model, size: ModelSize, device) -> None:
-    """``mtq.quantize`` with ``NVFP4_DEFAULT_CFG``, max-calibrated on a few seeded batches."""
+def quantize(model, size: ModelSize, device, recipe: str = DEFAULT_RECIPE) -> None:
+    """``mtq.quantize`` with the recipe's config (harness/model/recipes.py), calibrated by the
+    recipe's own algorithm on a few seeded batches."""
     import modelopt.torch.quantization as mtq
+
+    from harness.paths import REPO_ROOT
 
     def forward_loop(m):
         for i in range(CALIBRATION_BATCHES):
             forward(m, sample_batch(size, CALIBRATION_SEED + i, device))
 
-    mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, forward_loop)
+    mtq.quantize(model, quant_config(Recipe.parse(recipe), REPO_ROOT), forward_loop)
+
+
+def amax_kinds(model) -> dict[str, list[str]]:
+    """What the calibration made, per module family (``experts``, ``shared_experts``, ``other``):
+    the kinds of amax its enabled weight quantizers hold (harness/check/recipes.py words).
+
+    Recorded by the save stage so the recipe catalogue is checked against what really ran."""
+    found: dict[str, set[str]] = {}
+    for name, q in tensor_quantizers(model):
+        if "weight_quantizer" not in name or not q.is_enabled:
+            continue
+        family = ("shared_experts" if ".shared_experts." in name
+                  else "experts" if ".experts." in name else "other")
+        found.setdefault(family, set()).add(_kind(q))
+    return {k: sorted(v) for k, v in sorted(found.items())}
+
+
+def _kind(q) -> str:
+    amax = getattr(q, "_amax", None)
+    if getattr(q, "_global_amax", None) is not None or getattr(q, "is_nvfp4_static", False):
+        return "static-block"
+    if amax is None:
+        return "no-amax"
+    return "scalar" if amax.numel() == 1 else f"shaped{tuple(amax.shape)}"
 
 
 def tensor_quantizers(model):

@@ -58,13 +58,13 @@ def write_recording(path: Path, spec, gathered: list[list[dict]], validation: st
 def record_stage(spec) -> dict:
     """Stage body: quantize under ``spec.topology`` and record the metadata (no checkpoint)."""
     from harness.model.checkpoint import sharded_metadata
-    from harness.model.quant import quantize_nvfp4
+    from harness.model.quant import quantize
     from harness.rank.probes import validation_error
     from harness.rank.setup import Clock, device, prepare_rank
 
     clock = Clock()
     rank, model = prepare_rank(spec, clock)
-    quantize_nvfp4(model, spec.model_size, device())
+    quantize(model, spec.model_size, device(), spec.recipe)
     sd = model.sharded_state_dict(metadata=sharded_metadata(spec.singleton_local_shards))
     mine = entries(sd, rank)
     gathered = [None] * torch.distributed.get_world_size()

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.model.gpt import ModelSize
+from harness.model.recipes import DEFAULT_RECIPE
 from harness.topology.topology import Topology
 
 
@@ -18,6 +19,7 @@ class StageSpec:
     ckpt_dir: str
     reference_dir: str  # where the save stage leaves the topology-independent reference
     patch: str = "none"  # none | fix
+    recipe: str = DEFAULT_RECIPE  # the quantization recipe (harness/model/recipes.py)
     size: dict = field(default_factory=lambda: ModelSize().as_dict())
     seed: int = 1234
     # Megatron-LM training saves with singleton_local_shards=True (per-expert keys such as

@@ -33,11 +33,12 @@ def _measures_logits(spec: StageSpec) -> bool:
 
 def save_stage(spec: StageSpec) -> dict:
     from harness.rank.logits import fp32_pass, measure_logits, save_logits
-    from harness.model.quant import quantize_nvfp4
+    from harness.model.quant import amax_kinds, quantize
 
     clock = Clock()
     rank, model = prepare_rank(spec, clock)
-    quantize_nvfp4(model, spec.model_size, device())
+    quantize(model, spec.model_size, device(), spec.recipe)
+    kinds = amax_kinds(model)
     clock.lap("quantize")
     metadata = sharded_metadata(spec.singleton_local_shards)
     ref_dir = Path(spec.reference_dir)
@@ -55,6 +56,10 @@ def save_stage(spec: StageSpec) -> dict:
     if _measures_logits(spec) and _reload_keeps_state(spec):
         # The checkpoint's own logits at the save topology: what every reshard must reproduce.
         # They differ from the saved model's where its replicas disagreed (see verify figures).
+        # Read into a model built afresh, as a new process (every load stage, the jobs' next
+        # step) reads it: the calibrated model keeps its recipe's calibrators, and ModelOpt's
+        # restore re-runs them (an MSE calibrator raises TypeError there, docs/findings.md).
+        model = _fresh_model(spec)
         load_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.strict_load,
                         spec.validate_sharding)
         logits = measure_logits(model, spec.model_size, spec.tier, device())
@@ -68,7 +73,17 @@ def save_stage(spec: StageSpec) -> dict:
                 (ref_dir / "fp32_error.txt").write_text(error)
         clock.lap("reference_reload")
     return {"durations": clock.durations, "clock_started_at": clock.started_at,
-            "memory": peak_memory(), "reference_shards": shards}
+            "memory": peak_memory(), "reference_shards": shards, "amax_kinds": kinds}
+
+
+def _fresh_model(spec: StageSpec):
+    """The save topology's model as a load stage builds it: built, then quantized by restoring
+    the checkpoint's ModelOpt state (no calibration)."""
+    from harness.model.gpt import build_gpt
+
+    model = build_gpt(spec.topo, spec.model_size, spec.backend, spec.seed)
+    restore_modelopt_state(model, Path(spec.ckpt_dir))
+    return model
 
 
 def _measures_noise_floor(spec: StageSpec) -> bool:

@@ -29,7 +29,7 @@ def _spec(cell: Cell, stage: str, topo, save_dir: Path) -> StageSpec:
     return StageSpec(
         stage=stage, topology=topo.id, tier=s.tier, backend=s.backend,
         ckpt_dir=str(save_dir / "ckpt"), reference_dir=str(save_dir / "reference"),
-        patch=s.patch, size=s.size.as_dict(),
+        patch=s.patch, recipe=s.recipe, size=s.size.as_dict(),
         singleton_local_shards=s.singleton_local_shards, strict_load=s.strict_load,
         logits_reference=s.logits_reference,
     )
@@ -125,6 +125,7 @@ def new_record(cell: Cell) -> CellRecord:
         scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
         save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
         patch=s.patch, expected="", modelopt=installed_modelopt(), stage_mode=stage_mode(s.tier),
+        recipe=s.recipe,
     )
     judge.under_version(rec, cell, None)
     return rec

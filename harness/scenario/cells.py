@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.check.layouts import Restore
+from harness.check.recipes import recipe_facts
 from harness.model.gpt import ModelSize, default_size
+from harness.model.recipes import DEFAULT_RECIPE
 from harness.paths import GOLDEN_DIR
 from harness.records import ExpectMode, Expected
 from harness.scenario.goldens import golden_layout, golden_topology
@@ -51,6 +53,7 @@ class Scenario:
     source: str = ""
     goldens: tuple[str, ...] = ()  # tests/golden/<name>: committed checkpoints instead of saves
     golden_root: Path = GOLDEN_DIR  # where ``goldens`` live (tests point it at copies)
+    recipe: str = DEFAULT_RECIPE  # the quantization recipe (harness/model/recipes.py)
 
     def cells(self) -> list["Cell"]:
         if self.goldens:
@@ -83,11 +86,13 @@ class Cell:
         s = self.scenario
         if self.golden:
             return f"golden-{self.golden}"
-        base = f"{s.tier}-{s.backend}-{s.patch}-{self.save.id}"
-        if s.size == default_size(s.backend):
-            return base
         import hashlib
 
+        base = f"{s.tier}-{s.backend}-{s.patch}-{self.save.id}"
+        if s.recipe != DEFAULT_RECIPE:  # another recipe is another checkpoint
+            base += f"-r{hashlib.sha256(s.recipe.encode()).hexdigest()[:8]}"
+        if s.size == default_size(s.backend):
+            return base
         return f"{base}-m{hashlib.sha256(repr(s.size).encode()).hexdigest()[:8]}"
 
     @property
@@ -112,6 +117,10 @@ class Cell:
             return Expected.PASS
         if not behaviour.known:
             return Expected.RULE_UNKNOWN  # no rule for the pair: predict nothing
+        facts = recipe_facts(s.recipe)
+        kind = behaviour.kind_rule(facts.expert_kind) if facts else None
+        if kind is None:
+            return Expected.RULE_UNKNOWN  # a recipe, or an amax kind, with no rule for the pair
         patched = s.patch == "fix"
         if behaviour.cannot_save and s.backend == Backend.TE:  # every sharded_state_dict call raises
             return Expected.FAIL_LOAD if self.golden else Expected.FAIL_SAVE
@@ -124,6 +133,7 @@ class Cell:
             if behaviour.golden_restore.get(layout) != Restore.RESTORED:
                 return Expected.NOT_RESTORED
         rule = "expert-tp" if patched else behaviour.replica_rule
+        rule = rule if kind.replica_rule_applies else None
         shared = behaviour.shared_rule if s.backend == Backend.TE else None
 
         def fails(topo) -> bool:
@@ -134,8 +144,10 @@ class Cell:
             return Expected.FAIL_SAVE
         if self.load and fails(self.load):
             return Expected.FAIL_LOAD
+        if self.load and self.load.etp != self.save.etp and kind.etp_change != Expected.PASS:
+            return kind.etp_change or Expected.RULE_UNKNOWN
         if (self.load and not patched and s.backend == Backend.TE
-                and behaviour.drops_expert_amax_on_reload
+                and kind.lost_on_reload
                 and s.size.num_experts // self.load.ep > 1):
             return Expected.AMAX_LOST
         return Expected.PASS

@@ -14,8 +14,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from harness.check.recipes import recipe_facts
+from harness.check.versions import behaviour_for, installed_modelopt
 from harness.model.gpt import ModelSize, default_size
-from harness.paths import GOLDEN_DIR, QUARANTINE_FILE, SCENARIO_DIR, SELECTIONS_FILE, shown_path
+from harness.model.recipes import Recipe, RecipeError, recipe_problem
+from harness.paths import (GOLDEN_DIR, QUARANTINE_FILE, REPO_ROOT, SCENARIO_DIR, SELECTIONS_FILE,
+                           shown_path)
 from harness.scenario.cells import KnownGap, Scenario
 from harness.scenario.goldens import golden_manifest, golden_topology
 from harness.scenario.schema import ScenarioError, _explain, _ScenarioSchema, _SizeSchema
@@ -103,6 +107,7 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
         if len(got) == 2:
             pairs.append(got)
     topos["pairs"] = tuple(pairs)
+    problems += _recipe_problems(doc.recipe, topos)
     if not on_cuda(doc.tier):  # the save calibrates through megatron-core's pipeline schedule
         saved = [(f"saves[{i}]", t) for i, t in enumerate(topos["saves"])]
         saved += [(f"pairs[{i}][0]", p[0]) for i, p in enumerate(pairs)]
@@ -113,6 +118,26 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
     if problems:
         raise _Problems("; ".join(problems))
     return size, topos
+
+
+def _recipe_problems(text: str, topos: dict) -> list[str]:
+    """The recipe names one (harness/model/recipes.py), the installed ModelOpt has it, and no
+    save asks ModelOpt to calibrate what it refuses (static NVFP4 experts at expert TP > 1)."""
+    try:
+        recipe = Recipe.parse(text)
+    except RecipeError as exc:
+        return [f"recipe: {exc}"]
+    missing = recipe_problem(recipe, REPO_ROOT)
+    if missing:
+        return [f"recipe: {missing}"]
+    facts = recipe_facts(recipe.ref)
+    kind = behaviour_for(installed_modelopt()).kind_rule(facts.expert_kind) if facts else None
+    refusal = kind.save_refused_at_etp_gt1 if kind else None
+    saved = [(f"saves[{i}]", t) for i, t in enumerate(topos["saves"])]
+    saved += [(f"pairs[{i}][0]", p[0]) for i, p in enumerate(topos["pairs"])]
+    return [f"{key}: {t.id}: recipe {recipe.label} calibrates static NVFP4 experts, which "
+            f"nvidia-modelopt refuses at expert TP > 1 ({refusal}); save at etp1"
+            for key, t in saved if refusal and t.etp > 1]
 
 
 def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:
@@ -155,6 +180,7 @@ def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:
         source=str(path),
         goldens=tuple(doc.goldens),
         golden_root=Path(golden_dir),
+        recipe=Recipe.parse(doc.recipe).ref,
     )
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from harness.check.logits import LOGITS_REFERENCES
 from harness.model.gpt import ModelSize
+from harness.model.recipes import DEFAULT_RECIPE
 from harness.records import EXPECT_MODES, ExpectMode
 from harness.tiers import BACKENDS, TIERS
 
@@ -71,6 +72,7 @@ class _ScenarioSchema(_Schema):
     tier: Literal[TIERS]
     backend: Literal[BACKENDS]
     patch: Literal[PATCHES] = "none"
+    recipe: Text = DEFAULT_RECIPE
     expect: Literal[EXPECT_MODES] = ExpectMode.ORACLE.value
     markers: list[Annotated[str, Field(pattern=MARKER_RE)]] = []
     saves: list[str] = []

@@ -38,7 +38,7 @@ def main(golden: Path, out: Path) -> int:
     from harness.golden.manifest import verify_manifest
     from harness.model.checkpoint import load_checkpoint, restore_modelopt_state, sharded_metadata
     from harness.model.gpt import build_gpt
-    from harness.model.quant import quantize_nvfp4
+    from harness.model.quant import quantize
     from harness.rank.logits import _figures, measure_logits
     from harness.rank.setup import Clock, device, prepare_rank
     from harness.rank.spec import StageSpec
@@ -58,7 +58,7 @@ def main(golden: Path, out: Path) -> int:
     weights = {k: v for k, v in loaded.state_dict().items()
                if "_quantizer" not in k and not k.endswith("_extra_state") and torch.is_tensor(v)}
     result = fresh.load_state_dict(weights, strict=False)
-    quantize_nvfp4(fresh, spec.model_size, device())
+    quantize(fresh, spec.model_size, device())
     amax_fresh = amax_buffers(fresh)
     logits_fresh = measure_logits(fresh, spec.model_size, spec.tier, device())
 

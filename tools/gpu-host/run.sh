@@ -20,6 +20,9 @@
 #   profile    where a rank's import time goes (bench/import_profile.py), 1 and 8 at once, and
 #              without the packages in TRIM
 #   equivalence  EQ_SCENARIOS (default gpu-witness; a,b for several) fresh, then with --stage-mode pool, compared
+#   recipes    issue 38: the jobs' recipes (gpu-*-recipe*) under 0.47.0 unpatched and patched and
+#              0.48.0rc1 unpatched, at once (RECIPE_PARTS); carry .whl-048
+#   nccl-probe issue 42: 2/4/8 NCCL ranks on one GPU with per-rank NCCL_HOSTID (+ the control)
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 #   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
 #              cross: gpu-cross-topology (4 layers, 64 experts) and its 8-expert twin under
@@ -93,6 +96,42 @@ case "$1" in
       if [ "${SAMPLE_CONCURRENT:-0}" = 1 ]; then sample_part "$part" & PIDS+=($!); else sample_part "$part"; fi
     done
     [ ${#PIDS[@]} = 0 ] || wait "${PIDS[@]}" ;;
+  recipes)  # issue 38: the jobs' recipes, RECIPE_PARTS (default 0.47.0-none,0.47.0-fix,0.48.0rc1-none)
+    # at once, each bounded by RECIPE_PART_TIMEOUT_S (520); RECIPE_SCENARIOS_<patch> narrows.
+    # MSE calibration compiles ModelOpt's modelopt_cuda_ext_fp8 once per host (about 40 s):
+    # done first, so no stage pays it inside its timeout. Carry .whl-048.
+    PY048=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
+    start=$(date +%s)
+    python3 -c "from modelopt.torch.quantization.extensions import precompile; precompile()" > "$OUT/precompile.log" 2>&1
+    echo "precompile: rc $? wall $(( $(date +%s) - start )) s"
+    $PY048 -c "from modelopt.torch.quantization.extensions import precompile; precompile()" >> "$OUT/precompile.log" 2>&1
+    WIT=${RECIPE_SCENARIOS_none:-gpu-ultra-recipe-witness,gpu-nano-recipe-witness,gpu-super-recipe-witness}
+    FIX=${RECIPE_SCENARIOS_fix:-gpu-ultra-recipe,gpu-nano-recipe}
+    recipe_part() {
+      local part=$1 py=python3 sc=$WIT start=$(date +%s)
+      [ "${part%-*}" = 0.48.0rc1 ] && py=$PY048
+      [ "${part##*-}" = fix ] && sc=$FIX
+      timeout -s TERM ${RECIPE_PART_TIMEOUT_S:-520} $py -m harness --results-root $R run \
+        --label recipes-$part --jobs ${RECIPE_JOBS:-3} $(SCENARIOS=$sc scenarios) > "$OUT/recipes-$part.log" 2>&1
+      echo "$part: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$OUT/recipes-$part.log"
+    }
+    PIDS=()
+    for part in $(echo "${RECIPE_PARTS:-0.47.0-none,0.47.0-fix,0.48.0rc1-none}" | tr , ' '); do
+      recipe_part "$part" & PIDS+=($!)
+    done
+    wait "${PIDS[@]}" ;;
+  nccl-probe)  # issue 42 item 1: NCCL ranks on ONE GPU, each with its own NCCL_HOSTID
+    for n in ${PROBE_WORLDS:-2 4 8}; do
+      for mode in hostid control; do
+        [ $mode = control ] && [ $n != 2 ] && continue  # the refusal needs showing once
+        timeout -s TERM ${PROBE_TIMEOUT_S:-150} python3 -m torch.distributed.run --nproc-per-node $n \
+          --rdzv-endpoint localhost:0 --rdzv-backend c10d tools/gpu-host/nccl_probe.py $mode \
+          "$OUT/nccl-probe-$n-$mode.json" > "$OUT/nccl-probe-$n-$mode.log" 2>&1
+        echo "nccl probe world $n $mode: rc $?"; tail -n 4 "$OUT/nccl-probe-$n-$mode.log"
+      done
+    done
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/nccl-probe-after.txt" 2>&1
+    cat "$OUT/nccl-probe-after.txt" ;;
   repro-modes)
     for m in fresh pool; do
       start=$(date +%s)

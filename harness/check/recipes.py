@@ -1,0 +1,87 @@
+"""What each known quantization recipe puts in a checkpoint: the amax kinds of its weight
+quantizers, per module family, read from the recipe files ModelOpt ships.
+
+Why: whether a reshard works depends on the kind of amax a recipe stores, not on its name.
+The version rules (harness/check/versions.py) are written per kind; a recipe is judged through
+the kinds listed here. A recipe not listed (a user's file, a constant not read yet) has no
+kinds here: its cells are ``rule-unknown``. The save stage records the kinds the calibration
+really made (harness/model/quant.py ``amax_kinds``); a recorded run whose kinds differ from this
+table is judged ``rule-unknown`` too (tests/test_recipes.py checks the committed runs).
+
+Kinds (weight quantizers of one module family):
+- ``scalar``: one amax per quantizer, shape (1,): dynamic NVFP4 (a per-tensor global amax with
+  per-block scales computed at run time) and FP8 per-tensor alike; ModelOpt builds its sharded
+  tensor the same way for both.
+- ``static-block``: static NVFP4: ``_amax`` of one value per 16-element block (weight numel / 16)
+  and a scalar ``_global_amax``; calibrated by the recipe's algorithm (MSE for the Nemotron ones).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.model.recipes import DEFAULT_RECIPE
+
+SCALAR, STATIC_BLOCK = "scalar", "static-block"
+AMAX_KINDS = (SCALAR, STATIC_BLOCK)
+# Module families whose weight quantizers a recipe may enable (harness/model/quant.py).
+EXPERTS, SHARED_EXPERTS, OTHER = "experts", "shared_experts", "other"
+
+
+@dataclass(frozen=True)
+class RecipeFacts:
+    """One recipe's amax kinds, per module family it quantizes (a family absent: left in bf16)."""
+
+    ref: str
+    kinds: dict[str, str] = field(default_factory=dict)  # family -> kind
+    calibration: str = "max"
+    source: str = ""
+
+    @property
+    def expert_kind(self) -> str | None:
+        return self.kinds.get(EXPERTS)
+
+    def agrees_with(self, observed: dict[str, list[str]] | None) -> bool:
+        """Whether what a save recorded (family -> kinds seen) is what this table says, for the
+        families the model has (a plain GPT has no shared experts)."""
+        if not observed:
+            return True  # recorded before kinds were recorded: the default recipe, scalar
+        return all(fam in self.kinds and kinds == [self.kinds[fam]]
+                   for fam, kinds in observed.items())
+
+
+_NEMOTRON = "models/nvidia/NVIDIA-Nemotron-3-{}-BF16/ptq/{}"
+ULTRA_4O6 = "modelopt:" + _NEMOTRON.format("Ultra-550B-A55B", "nvfp4-4o6")
+SUPER_MSE = "modelopt:" + _NEMOTRON.format("Super-120B-A12B", "nvfp4-mse")
+
+KNOWN_RECIPES = {r.ref: r for r in (
+    RecipeFacts(DEFAULT_RECIPE, {EXPERTS: SCALAR, SHARED_EXPERTS: SCALAR, OTHER: SCALAR},
+                source="modelopt_recipes/configs/ptq/presets/model/nvfp4.yaml: every linear "
+                       "w4a4 dynamic NVFP4 (configs/numerics/nvfp4.yaml, block type dynamic); "
+                       "algorithm max"),
+    RecipeFacts(ULTRA_4O6, {EXPERTS: STATIC_BLOCK, SHARED_EXPERTS: SCALAR}, calibration="mse",
+                source="modelopt_recipes/models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/"
+                       "nvfp4-4o6.yaml: '*' disabled; '*mlp.experts*weight_quantizer' "
+                       "configs/numerics/nvfp4_four_over_six (block type static); shared experts "
+                       "configs/numerics/fp8 (per-tensor); algorithm mse"),
+    RecipeFacts(SUPER_MSE, {EXPERTS: STATIC_BLOCK, SHARED_EXPERTS: SCALAR}, calibration="mse",
+                source="modelopt_recipes/models/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16/ptq/"
+                       "nvfp4-mse.yaml: '*' disabled; '*mlp.experts*weight_quantizer' block type "
+                       "static; shared experts fp8 per-tensor; algorithm mse, fp8_scale_sweep"),
+    RecipeFacts("mtq:MAMBA_MOE_NVFP4_CONSERVATIVE_CFG", {EXPERTS: SCALAR, SHARED_EXPERTS: SCALAR},
+                source="modelopt_recipes/configs/ptq/presets/model/mamba_moe_nvfp4_conservative.yaml:"
+                       " units/w4a4_nvfp4_nvfp4 (dynamic NVFP4); mamba_moe_disabled_quantizers (attention, "
+                       "latent projections) and Mamba in/out_proj off; algorithm max"),
+    RecipeFacts("mtq:MAMBA_MOE_NVFP4_AGGRESSIVE_CFG", {EXPERTS: SCALAR, SHARED_EXPERTS: SCALAR, OTHER: SCALAR},
+                source="modelopt_recipes/configs/ptq/presets/model/mamba_moe_nvfp4_aggressive.yaml:"
+                       " units/w4a4_nvfp4_nvfp4 (dynamic NVFP4); mamba_moe_disabled_quantizers (attention, "
+                       "latent projections) off, Mamba in/out_proj on; algorithm max"),
+    RecipeFacts("mtq:FP8_DEFAULT_CFG", {EXPERTS: SCALAR, SHARED_EXPERTS: SCALAR, OTHER: SCALAR},
+                source="modelopt_recipes/configs/ptq/presets/model/fp8.yaml: per-tensor FP8 "
+                       "(axis None, no block sizes); algorithm max"),
+)}
+
+
+def recipe_facts(ref: str | None) -> RecipeFacts | None:
+    """The table's facts for a recipe (None: not known here); a record without a recipe was
+    made before the recipe axis, with the default."""
+    return KNOWN_RECIPES.get(ref or DEFAULT_RECIPE)

@@ -1,0 +1,117 @@
+"""A scenario's quantization recipe: what it names, and the config ``mtq.quantize`` takes.
+
+Why: the quarantined jobs do not quantize with the harness's old default. A recipe is named,
+never copied: ModelOpt's own objects are loaded by ModelOpt's own code on the rank, so the cell
+runs exactly what the installed release ships under that name.
+
+Three forms, each with its prefix (the prefix says who owns the text):
+- ``mtq:NVFP4_DEFAULT_CFG``: a ``modelopt.torch.quantization`` config constant;
+- ``modelopt:models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6``: a recipe
+  of ModelOpt's built-in library (``modelopt_recipes/``), loaded with ``modelopt.recipe.load_recipe``;
+- ``file:recipes/mine.yaml``: a user's recipe YAML (same loader), relative to the repository root.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_RECIPE = "mtq:NVFP4_DEFAULT_CFG"  # every run before the recipe axis used it
+KINDS = ("mtq", "modelopt", "file")
+_MTQ_NAME = re.compile(r"^[A-Z][A-Z0-9_]*_CFG$")
+_BUILTIN_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+
+
+class RecipeError(ValueError):
+    """A recipe reference that cannot name a recipe: one line, the constraint it breaks."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    kind: str  # one of KINDS
+    target: str  # the constant's name, the built-in path, or the file path
+
+    @property
+    def ref(self) -> str:
+        return f"{self.kind}:{self.target}"
+
+    @property
+    def label(self) -> str:
+        """Short name for tables: the constant, or the recipe file's stem."""
+        return self.target if self.kind == "mtq" else Path(self.target).stem
+
+    @classmethod
+    def parse(cls, text: str) -> "Recipe":
+        kind, sep, target = (text or "").partition(":")
+        if not sep or kind not in KINDS or not target:
+            raise RecipeError(f"{text!r} is not '<kind>:<name>' with kind one of {', '.join(KINDS)} "
+                              f"(e.g. {DEFAULT_RECIPE!r})")
+        if kind == "mtq" and not _MTQ_NAME.match(target):
+            raise RecipeError(f"{text!r}: an mtq recipe names a modelopt.torch.quantization "
+                              "constant such as NVFP4_DEFAULT_CFG (upper case, ending in _CFG)")
+        if kind == "modelopt" and (not _BUILTIN_PATH.match(target) or ".." in target.split("/")):
+            raise RecipeError(f"{text!r}: a modelopt recipe is a path inside ModelOpt's built-in "
+                              "recipe library, e.g. models/nvidia/<model>/ptq/<recipe>")
+        return cls(kind, target)
+
+
+def builtin_library() -> Path | None:
+    """The installed ``modelopt_recipes`` folder, found without importing ModelOpt (seconds)."""
+    spec = importlib.util.find_spec("modelopt_recipes")
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def _builtin_file(target: str, library: Path) -> Path | None:
+    for candidate in (library / target, library / f"{target}.yaml", library / f"{target}.yml"):
+        if candidate.is_file() or (candidate.is_dir() and (candidate / "quantize.yml").is_file()):
+            return candidate
+    return None
+
+
+def _mtq_defined(name: str) -> bool | None:
+    """Whether the installed ModelOpt's quantization config defines ``name`` (None: unknown
+    here), read from its source so the controller need not import ModelOpt."""
+    spec = importlib.util.find_spec("modelopt")
+    if not spec or not spec.origin:
+        return None
+    config = Path(spec.origin).parent / "torch" / "quantization" / "config.py"
+    if not config.is_file():
+        return None
+    return re.search(rf"^{re.escape(name)}\b\s*[:=]", config.read_text(), re.M) is not None
+
+
+def recipe_problem(recipe: Recipe, root: Path) -> str | None:
+    """Why the installed ModelOpt (or the repository, for files) has no such recipe, or None.
+    Unknown when ModelOpt is not installed here: the rank then says it."""
+    if recipe.kind == "file":
+        path = root / recipe.target
+        return None if path.is_file() else f"{recipe.ref}: no such file in the repository"
+    if recipe.kind == "mtq":
+        if _mtq_defined(recipe.target) is False:
+            return f"{recipe.ref}: the installed nvidia-modelopt defines no {recipe.target}"
+        return None
+    library = builtin_library()
+    if library is not None and _builtin_file(recipe.target, library) is None:
+        return f"{recipe.ref}: no such recipe in the installed nvidia-modelopt's built-in library"
+    return None
+
+
+def quant_config(recipe: Recipe, root: Path) -> dict:
+    """The config dict ``mtq.quantize`` takes, built by ModelOpt itself (on the rank)."""
+    if recipe.kind == "mtq":
+        import copy
+
+        import modelopt.torch.quantization as mtq
+
+        if not hasattr(mtq, recipe.target):
+            raise RecipeError(f"{recipe.ref}: nvidia-modelopt has no {recipe.target}")
+        return copy.deepcopy(getattr(mtq, recipe.target))
+    from modelopt.recipe import load_recipe
+
+    where = recipe.target if recipe.kind == "modelopt" else str(root / recipe.target)
+    loaded = load_recipe(where)
+    quantize = getattr(loaded, "quantize", None)
+    if quantize is None:
+        raise RecipeError(f"{recipe.ref}: not a PTQ recipe (it has no quantize section)")
+    return quantize.model_dump()
