@@ -1,0 +1,142 @@
+"""The recipe axis (issue 38): a scenario names its recipe, a bad name is one line, the catalogue
+of amax kinds matches what ModelOpt's own recipe files make, and a recipe or kind with no rule
+predicts nothing.
+
+Expectations come from ModelOpt itself (its recipe files, its quantizer matching, run here on
+the cpu tier's model) and from the rules in harness/check/versions.py, never from a run of the
+harness.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+
+import pytest
+
+from harness.check.recipes import KNOWN_RECIPES, STATIC_BLOCK, SUPER_MSE, ULTRA_4O6, recipe_facts
+from harness.check.versions import rules_for
+from harness.model.recipes import DEFAULT_RECIPE, Recipe, RecipeError
+from harness.paths import REPO_ROOT
+from harness.records import Expected
+from harness.scenario.scenarios import ScenarioError, load_all_with_errors, load_scenario
+from tests.test_gitlab_ci_local_install import bounded
+
+pytestmark = pytest.mark.cpu
+
+GPU_HEAD = 'tier = "gpu-shared"\nbackend = "te"\nexpect = "oracle"\n'
+
+
+@pytest.mark.parametrize("text, words", [
+    ("NVFP4_DEFAULT_CFG", "'<kind>:<name>'"),
+    ("mtq:nvfp4_default", "upper case, ending in _CFG"),
+    ("modelopt:../outside", "built-in recipe library"),
+    ("ftp:x", "kind one of mtq, modelopt, file"),
+])
+def test_a_bad_reference_names_its_form(text, words):
+    with pytest.raises(RecipeError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        Recipe.parse(text)
+
+
+@pytest.mark.parametrize("recipe, words", [
+    ("mtq:NO_SUCH_RECIPE_CFG", "defines no NO_SUCH_RECIPE_CFG"),
+    ("modelopt:models/nvidia/no-such-model/ptq/x", "no such recipe in the installed nvidia-modelopt"),
+    ("file:scenarios/recipes/missing.yaml", "no such file in the repository"),
+])
+def test_a_recipe_the_installation_lacks_is_one_line_and_the_rest_load(tmp_path, recipe, words):
+    (tmp_path / "bad.toml").write_text(GPU_HEAD + f'recipe = "{recipe}"\nsaves = ["tp1-etp1-ep1"]\n')
+    (tmp_path / "good.toml").write_text(GPU_HEAD + 'saves = ["tp1-etp1-ep1"]\n')
+    good, bad = load_all_with_errors(tmp_path)
+    assert [s.name for s in good] == ["good"]
+    (err,) = bad
+    assert "\n" not in str(err) and "bad.toml: recipe: " in str(err) and words in str(err), err
+
+
+def test_a_static_recipe_saved_at_expert_tp_above_one_is_refused_before_any_rank(tmp_path):
+    """ModelOpt refuses static NVFP4 calibration at expert TP > 1 (_check_nvfp4_static_tp_supported)."""
+    path = tmp_path / "s.toml"
+    path.write_text(GPU_HEAD + f'recipe = "{ULTRA_4O6}"\nsaves = ["tp1-etp1-ep4", "tp2-etp2-ep2"]\n')
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    assert "saves[1]: tp2-etp2-ep2-pp1" in str(err.value) and "expert TP > 1" in str(err.value)
+    assert "saves[0]" not in str(err.value)
+
+
+def test_another_recipe_is_another_checkpoint(tmp_path):
+    (tmp_path / "a.toml").write_text(GPU_HEAD + 'saves = ["tp1-etp1-ep4"]\n')
+    (tmp_path / "b.toml").write_text(GPU_HEAD + f'recipe = "{SUPER_MSE}"\nsaves = ["tp1-etp1-ep4"]\n')
+    a, b = (load_scenario(tmp_path / n).cells()[0] for n in ("a.toml", "b.toml"))
+    assert a.scenario.recipe == DEFAULT_RECIPE and b.scenario.recipe == SUPER_MSE
+    assert a.save_id != b.save_id
+
+
+def _cell(tmp_path, recipe, save, load):
+    path = tmp_path / "c.toml"
+    path.write_text(GPU_HEAD + f'recipe = "{recipe}"\nsaves = ["{save}"]\nloads = ["{load}"]\n')
+    return next(c for c in load_scenario(path).cells() if c.load)
+
+
+@pytest.mark.parametrize("modelopt", ["0.47.0", "0.48.0rc1"])
+def test_static_blocks_at_another_expert_tp_have_no_rule_yet(tmp_path, modelopt):
+    rules = rules_for(modelopt, "0.19.2")
+    assert rules.kind_rule(STATIC_BLOCK).etp_change is None  # the rule this test reads
+    cell = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp2-etp2-ep2")
+    assert cell.expected_under(rules) == Expected.RULE_UNKNOWN
+
+
+def test_static_blocks_collide_where_the_scalar_amax_does(tmp_path):
+    """Same construction (versions.py _STATIC_SOURCE): 0.47.0's dense-TP replica ids refuse a
+    TP != ETP load, 0.48.0rc1's expert-TP ids do not; no second bug on complete static state."""
+    cell = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp2-etp1-ep4")
+    assert cell.expected_under(rules_for("0.47.0", "0.19.2")) == Expected.FAIL_LOAD
+    assert cell.expected_under(rules_for("0.48.0rc1", "0.19.2")) == Expected.PASS
+    same = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp1-etp1-ep2")
+    assert same.expected_under(rules_for("0.47.0", "0.19.2")) == Expected.PASS
+
+
+def test_a_pair_without_a_rule_for_the_kind_predicts_nothing(tmp_path):
+    cell = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp1-etp1-ep2")
+    assert rules_for("0.47.0", "0.15.3").kind_rule(STATIC_BLOCK) is None
+    assert cell.expected_under(rules_for("0.47.0", "0.15.3")) == Expected.RULE_UNKNOWN
+
+
+def test_a_user_recipe_file_is_rule_unknown(tmp_path):
+    assert recipe_facts("file:scenarios/mine.yaml") is None
+    assert recipe_facts(None) is recipe_facts(DEFAULT_RECIPE)  # records before the axis
+
+
+def test_recorded_kinds_that_differ_from_the_catalogue_are_not_judged():
+    facts = KNOWN_RECIPES[ULTRA_4O6]
+    assert facts.agrees_with({"experts": [STATIC_BLOCK]})
+    assert not facts.agrees_with({"experts": ["scalar"]})
+    assert not facts.agrees_with({"experts": [STATIC_BLOCK], "other": ["scalar"]})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def modelopt_kinds():
+    """What ModelOpt's own config matching makes of each known recipe on the cpu tier's model."""
+    import os
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "PYTHONPATH": str(REPO_ROOT)}
+    got = bounded([sys.executable, "-m", "tests.rank_programs.recipe_kinds", *KNOWN_RECIPES],
+                  timeout=240, cwd=REPO_ROOT, env=env)
+    line = next((l for l in got.stdout.splitlines() if l.startswith("RECIPE_KINDS ")), None)
+    assert got.returncode == 0 and line, got.stderr[-3000:]
+    return json.loads(line.split(" ", 1)[1])
+
+
+@pytest.mark.parametrize("ref", sorted(KNOWN_RECIPES))
+def test_the_catalogue_says_what_modelopt_configures(modelopt_kinds, ref):
+    """Every module family the plain GPT has (experts, attention) gets the kind the catalogue
+    lists for it, or none when the catalogue leaves the family unquantized."""
+    facts = KNOWN_RECIPES[ref]
+    for family, kinds in modelopt_kinds[ref].items():
+        assert kinds == [facts.kinds.get(family)], (ref, family, kinds, facts.kinds)
+    assert "experts" in modelopt_kinds[ref], f"{ref} quantizes no expert weight here"
