@@ -40,17 +40,20 @@ def test_summary_table_rows(results):
     md = markdown_summary(results)
     rows = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line]
     header, body = rows[0], rows[1:]
-    assert header == "| save topology | load topology | tier | patch | outcome | cause | seconds |"
+    assert header == ("| save topology | load topology | tier | patch | recipe | outcome | cause | "
+                      "seconds |")
     assert len(body) == len(results["cells"])
     # Worst first: the regression is at the top, plain passes at the bottom.
-    assert "unexpected" in body[0] and body[-1].split(" | ")[4] == "pass"
+    assert "unexpected" in body[0] and body[-1].split(" | ")[5] == "pass"
+    # Records made before the recipe axis ran the default recipe, and say so.
+    assert all(r.split(" | ")[4] == "NVFP4_DEFAULT_CFG" for r in body)
     bug = next(r for r in body if "(save only)" in r and "bug-reproduced" in r)
     assert "save: CheckpointingException: Invalid sharding pattern validation." in bug
     assert "weight_quantizer._amax" in bug and "(rank 0)" in bug and "| 33.5 |" in bug
     assert any("needs 8 GPUs for tier gpu, 2 visible" in r for r in body)
     # A pipe inside a message must not split the row.
     piped = next(r for r in body if "count tensor([2])" in r)
-    assert "\\|" in piped and piped.count(" | ") == 6
+    assert "\\|" in piped and piped.count(" | ") == 7
 
 
 def test_cause_and_seconds():

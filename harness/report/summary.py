@@ -102,12 +102,13 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
         f"- date: {run.created}",
         f"- versions: {_versions_line(run.versions)}",
         f"- tier: {run.tier or 'unknown'}",
+        f"- recipes: {', '.join(sorted({r.recipe_ref for r in cells})) or 'none'}",
         f"- cells: {len(cells)} ("
         + (", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "none")
         + f"), {total:.1f} s of cell time",
         "",
-        "| save topology | load topology | tier | patch | outcome | cause | seconds |",
-        "| --- | --- | --- | --- | --- | --- | ---: |",
+        "| save topology | load topology | tier | patch | recipe | outcome | cause | seconds |",
+        "| --- | --- | --- | --- | --- | --- | --- | ---: |",
     ]
     order = sorted(cells, key=lambda r: (category(r.outcome), r.cell_id))
     for r in order:
@@ -120,6 +121,7 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
                     r.load_topology or SAVE_ONLY,
                     r.tier or "",
                     r.patch,
+                    recipe_label(r),
                     r.outcome,
                     cause(r),
                     f"{cell_seconds(r):.1f}",
@@ -157,11 +159,22 @@ def _topology_lines(cells: list[CellRecord]) -> list[str]:
     return out
 
 
-def _panels(cells: Iterable[CellRecord]) -> dict[tuple[str, str], list[CellRecord]]:
-    """Records grouped by (tier, patch): the fix and the unpatched run are read side by side."""
-    out: dict[tuple[str, str], list[CellRecord]] = {}
+def recipe_label(r: CellRecord) -> str:
+    """The recipe's short name (harness/model/recipes.py), as every table shows it."""
+    from harness.model.recipes import Recipe, RecipeError
+
+    try:
+        return Recipe.parse(r.recipe_ref).label
+    except RecipeError:
+        return r.recipe_ref
+
+
+def _panels(cells: Iterable[CellRecord]) -> dict[tuple[str, str, str], list[CellRecord]]:
+    """Records grouped by (tier, patch, recipe): the fix and the unpatched run are read side by
+    side, and two recipes never share a square."""
+    out: dict[tuple[str, str, str], list[CellRecord]] = {}
     for r in cells:
-        out.setdefault((str(r.tier or "?"), str(r.patch or "none")), []).append(r)
+        out.setdefault((str(r.tier or "?"), str(r.patch or "none"), recipe_label(r)), []).append(r)
     return dict(sorted(out.items()))
 
 
@@ -185,7 +198,7 @@ def write_grid_png(results: Mapping[str, Any], path: str) -> None:
     loads = sorted({str(r.load_topology) for r in cells if r.load_topology})
     if any(not r.load_topology for r in cells) or not loads:
         loads.append(SAVE_ONLY)
-    panels = _panels(cells) or {("-", "-"): []}
+    panels = _panels(cells) or {("-", "-", "-"): []}
     colours = [c[3] for c in CATEGORIES] + ["#f2f2f2"]  # last: no cell there
     empty = len(CATEGORIES)
     cmap = ListedColormap(colours)
@@ -198,7 +211,7 @@ def write_grid_png(results: Mapping[str, Any], path: str) -> None:
     flat = [ax for row in axes for ax in row]
     for ax in flat[len(panels):]:
         ax.set_visible(False)
-    for ax, ((tier, patch), recs) in zip(flat, panels.items()):
+    for ax, ((tier, patch, recipe), recs) in zip(flat, panels.items()):
         grid = [[empty] * len(loads) for _ in saves]
         count = [[0] * len(loads) for _ in saves]
         word = [[""] * len(loads) for _ in saves]
@@ -225,7 +238,7 @@ def write_grid_png(results: Mapping[str, Any], path: str) -> None:
         ax.tick_params(which="minor", length=0)
         ax.set_xlabel("load topology")
         ax.set_ylabel("save topology")
-        ax.set_title(f"tier {tier}, patch {patch}", fontsize=10)
+        ax.set_title(f"tier {tier}, patch {patch}\nrecipe {recipe}", fontsize=10)
     versions = _versions_line(run.versions)
     fig.suptitle(f"run {run.run_id}  ({versions})", fontsize=9)
     fig.legend(handles=[Patch(color=c[3], label=c[1]) for c in CATEGORIES], loc="lower center",
