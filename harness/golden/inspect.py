@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from harness.check.layouts import CkptLayout, GoldenLayout
+from harness.check.recipes import SCALAR, STATIC_BLOCK
 from harness.golden.layout import Layout, inspect_checkpoint
 from harness.golden.storage import DamagedCheckpoint, NotACheckpoint
 
@@ -19,6 +20,14 @@ _MEANING = {
 }
 
 
+_KINDS = {
+    SCALAR: "one amax per expert weight quantizer: dynamic NVFP4 or FP8 per-tensor",
+    STATIC_BLOCK: "a per-block _amax and a _global_amax per expert: static NVFP4, e.g. the Ultra "
+                  "recipe nvfp4-4o6; a load at another expert TP has no rule yet "
+                  "(harness/check/versions.py)",
+}
+
+
 def render(lay: Layout) -> str:
     lines = [
         f"checkpoint: {lay.path} ({lay.backend}, {lay.num_tensors} tensors)",
@@ -27,6 +36,8 @@ def render(lay: Layout) -> str:
         f"(seen in keys: {len(lay.experts_seen)})",
         "dtypes:     " + ", ".join(f"{d.removeprefix('torch.')} x{n}" for d, n in sorted(lay.dtypes.items())),
     ]
+    if lay.expert_amax_kinds:
+        lines.append("amax kind:  " + ", ".join(f"{k} ({_KINDS[k]})" for k in lay.expert_amax_kinds))
     if lay.amax_dtypes:
         lines.append("amax dtype: " + ", ".join(d.removeprefix("torch.") for d in lay.amax_dtypes))
     if lay.kind == CkptLayout.SHARED:

@@ -19,12 +19,14 @@ Only metadata is read (harness/golden/storage.py), so it is quick on any machine
 from __future__ import annotations
 
 from collections import Counter
+from math import prod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.check.keys import (ANY_LAYER, EXPERT_INPUT_AMAX, EXPERT_WEIGHT, PER_EXPERT_WEIGHT_AMAX,
                                 ROUTER_WEIGHT, SHARED_WEIGHT_AMAX)
 from harness.check.layouts import CkptLayout
+from harness.check.recipes import SCALAR, STATIC_BLOCK
 from harness.golden.storage import read_metadata
 
 
@@ -54,6 +56,10 @@ class Layout:
     # megatron-core <= 0.16 needs it (harness/check/versions.py NEEDS_COMMON_PT); None: not a
     # checkpoint directory read from disk
     has_common_pt: bool | None = None
+    # The amax kinds of the expert weight quantizers (harness/check/recipes.py words): scalar
+    # (one value per expert), static-block (a per-block _amax with a _global_amax: a static
+    # NVFP4 recipe such as the Ultra job's nvfp4-4o6).
+    expert_amax_kinds: list[str] = field(default_factory=list)
 
     @property
     def missing(self) -> dict[str, list[int]]:
@@ -76,7 +82,10 @@ def classify(tensors: dict[str, tuple[str, tuple[int, ...]]], path: str = "", ba
     layers: set[int] = set()
     expert_input_amax = False
     grouped: set[tuple[int, str]] = set()  # (layer, linear) that exist in any form
+    kinds: set[str] = set()
     for key, (dtype, shape) in tensors.items():
+        if ".experts." in key and key.endswith("weight_quantizer._global_amax"):
+            kinds.add(STATIC_BLOCK)
         if m := ANY_LAYER.match(key):
             layers.add(int(m["layer"]))
         if m := PER_EXPERT_WEIGHT_AMAX.match(key):
@@ -84,6 +93,7 @@ def classify(tensors: dict[str, tuple[str, tuple[int, ...]]], path: str = "", ba
             per_expert.setdefault((layer, m["linear"]), set()).add(expert)
             experts_seen.add(expert)
             amax_dtypes.add(dtype)
+            kinds.add(SCALAR if prod(shape or (1,)) == 1 else STATIC_BLOCK)
         elif m := SHARED_WEIGHT_AMAX.match(key):
             shared.append(key)
             amax_dtypes.add(dtype)
@@ -126,6 +136,7 @@ def classify(tensors: dict[str, tuple[str, tuple[int, ...]]], path: str = "", ba
         amax_dtypes=sorted(amax_dtypes),
         linears=linears,
         shared_keys=sorted(shared),
+        expert_amax_kinds=sorted(kinds),
     )
 
 
