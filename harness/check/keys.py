@@ -11,7 +11,9 @@ import re
 
 # The per-expert weight-quantizer amax whose replica ids collide (the report's failing key).
 WEIGHT_AMAX_SUFFIX = "weight_quantizer._amax"
-WEIGHT_AMAX = re.compile(r"weight_quantizer\._amax$")
+# A static NVFP4 recipe's scalar per-expert ``_global_amax`` is built with the same replica ids
+# (harness/check/versions.py _STATIC_SOURCE): its refusal is the same collision.
+WEIGHT_AMAX = re.compile(r"weight_quantizer\._(?:global_)?amax$")
 
 _LAYER = r"(?:.*\.)?layers\.(?P<layer>\d+)\.mlp\.experts\."
 PER_EXPERT_WEIGHT_AMAX = re.compile(
