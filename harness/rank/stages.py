@@ -95,13 +95,18 @@ def _measures_noise_floor(spec: StageSpec) -> bool:
 
 def _reload_keeps_state(spec: StageSpec) -> bool:
     """Unpatched ModelOpt 0.47.0 drops per-expert amax of TEGroupedMLP on reload (the second
-    bug), so such a checkpoint has no trustworthy reference logits."""
+    bug, for the amax kinds its rule says), so such a checkpoint has no trustworthy reference
+    logits; nor has one whose recipe or kind has no rule."""
     import modelopt
 
+    from harness.check.recipes import recipe_facts
     from harness.check.versions import behaviour_for
 
-    return (spec.patch == "fix" or spec.backend == Backend.LOCAL
-            or not behaviour_for(modelopt.__version__).drops_expert_amax_on_reload)
+    if spec.patch == "fix" or spec.backend == Backend.LOCAL:
+        return True
+    facts = recipe_facts(spec.recipe)
+    kind = behaviour_for(modelopt.__version__).kind_rule(facts.expert_kind if facts else None)
+    return kind is not None and not kind.lost_on_reload  # no rule: no trusted reference
 
 
 class CheckpointFormatError(RuntimeError):
