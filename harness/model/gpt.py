@@ -5,11 +5,13 @@ Two backends, one per tier family:
 - ``te``: Transformer Engine spec with ``moe_grouped_gemm=True``, i.e. ``TEGroupedMLP`` -- the
   exact code path of the bug report (gpu-shared and gpu tiers).
 Sizes are small so a cell runs in seconds; the checkpoint metadata shape (keys, per-expert
-amax, replica ids) is what matters and does not depend on size.
+amax, replica ids) is what matters and does not depend on size. The Nemotron-3 modules (shared
+experts, sigmoid router with expert bias, MTP, latent MoE, the hybrid Mamba model) are optional
+``ModelSize`` fields, all off by default: harness/model/modules.py.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -18,8 +20,11 @@ from harness.tiers import Backend
 from harness.topology.topology import Topology
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ModelSize:
+    """The model a stage builds: its sizes, then the optional modules (harness/model/modules.py),
+    named as megatron-core's TransformerConfig names them; a module field at its default is off."""
+
     num_layers: int = 2
     hidden_size: int = 64
     num_attention_heads: int = 4
@@ -30,9 +35,31 @@ class ModelSize:
     vocab_size: int = 128
     seq_length: int = 16
     micro_batch_size: int = 2
+    # Optional modules, off by default (harness/model/modules.py).
+    kind: str = "gpt"  # "gpt" (GPTModel) or "hybrid" (HybridModel, harness/model/hybrid.py)
+    hybrid_layer_pattern: str | None = None  # kind "hybrid": megatron-core's layer symbols
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_router_score_function: str = "softmax"
+    moe_router_enable_expert_bias: bool = False
+    mtp_num_layers: int | None = None
+    moe_latent_size: int | None = None
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Every size, and only the modules that are on: a model without them gives the same
+        dict (spec.json, golden manifests) as before the modules existed."""
+        out = asdict(self)
+        for f in fields(self):
+            if f.name in MODULE_FIELDS and out[f.name] == f.default:
+                del out[f.name]
+        return out
+
+    def __repr__(self) -> str:  # the dataclass repr of ``as_dict``: save ids hash it (cells.py)
+        return f"ModelSize({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
+
+
+MODULE_FIELDS = ("kind", "hybrid_layer_pattern", "moe_shared_expert_intermediate_size",
+                 "moe_router_score_function", "moe_router_enable_expert_bias", "mtp_num_layers",
+                 "moe_latent_size")
 
 
 CPU_SIZE = ModelSize()
@@ -50,6 +77,7 @@ GOLDEN_SIZE = ModelSize(hidden_size=128, ffn_hidden_size=256, moe_ffn_hidden_siz
 def transformer_config(topo: Topology, size: ModelSize, backend: str):
     from megatron.core.transformer import TransformerConfig
 
+    from harness.model import modules
     from harness.model.mcore_shims import shim_config_warnings
 
     shim_config_warnings()  # megatron-core 0.15.x only (NameError at EP > 1, TP > 1)
@@ -88,6 +116,7 @@ def transformer_config(topo: Topology, size: ModelSize, backend: str):
         add_bias_linear=False,
         gated_linear_unit=False,
         activation_func=torch.nn.functional.gelu,
+        **modules.config_kwargs(size),  # the optional modules that are on; none by default
     )
 
 
@@ -113,19 +142,37 @@ def build_gpt(topo: Topology, size: ModelSize, backend: str, seed: int = 1234):
     if torch.cuda.is_available():  # CPU init (use_cpu_initialization) needs no CUDA RNG tracker
         model_parallel_cuda_manual_seed(seed)
     config = transformer_config(topo, size, backend)
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=layer_spec(size, backend),
-        vocab_size=size.vocab_size,
-        max_sequence_length=size.seq_length,
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=False,
-        position_embedding_type="learned_absolute",  # rope reads torch.cuda.current_device()
-    )
+    stages = {"pre_process": ps.is_pipeline_first_stage(), "post_process": ps.is_pipeline_last_stage()}
+    if size.kind == "hybrid":
+        from harness.model.hybrid import build_hybrid
+
+        model = build_hybrid(config, size, **stages)
+    else:
+        spec = layer_spec(size, backend)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=size.vocab_size,
+            max_sequence_length=size.seq_length,
+            share_embeddings_and_output_weights=False,
+            position_embedding_type="learned_absolute",  # rope reads torch.cuda.current_device()
+            **stages,
+            **_mtp(config, spec, backend),
+        )
     if torch.cuda.is_available():
         model = model.cuda()
     return model.eval()
+
+
+def _mtp(config, spec, backend: str) -> dict:
+    """GPTModel's MTP argument when mtp_num_layers is set, from megatron-core's own helper (the
+    MTP layer is built like the decoder's last layer; None on stages other than the last)."""
+    if not config.mtp_num_layers:
+        return {}
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+    return {"mtp_block_spec": get_gpt_mtp_block_spec(
+        config, spec, use_transformer_engine=backend == Backend.TE)}
 
 
 def sample_batch(size: ModelSize, seed: int, device) -> dict:
@@ -150,7 +197,12 @@ def forward(model, batch: dict, bf16_autocast: bool = True) -> torch.Tensor | No
 
     With pipeline parallelism the batch goes through megatron-core's own schedule (forward
     only): each stage receives its input from the previous one, as in training. Returns the
-    logits on the last pipeline stage, None on the others."""
+    logits on the last pipeline stage, None on the others.
+
+    With MTP layers the model still returns the main head's logits, which the harness compares:
+    megatron-core runs the MTP block, then keeps only the first chunk of the hidden states for the
+    output layer, the MTP chunks feeding only their loss (transformer/multi_token_prediction.py
+    process_mtp_loss, :804-805: with no labels it derives them from input_ids, :810-816)."""
     from megatron.core import parallel_state as ps
 
     with torch.no_grad(), _autocast(bf16_autocast):

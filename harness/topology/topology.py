@@ -78,6 +78,7 @@ class Topology:
             )
         if size is None:
             return out
+        out += module_problems(self, size)  # the optional modules' rules, below
         if size.num_experts % self.ep:
             out.append(f"num_experts {size.num_experts} is not divisible by ep {self.ep}")
         if size.num_attention_heads % self.tp:
@@ -107,6 +108,54 @@ class ModelSizeLike:  # typing aid only: anything with these attributes
     moe_ffn_hidden_size: int
     num_layers: int
     vocab_size: int
+
+
+# --- Optional modules (harness/model/modules.py): the topology rules megatron-core 0.19.2 enforces
+# on them, kept apart from the size rules above. Paths are under megatron/core/.
+
+# Mamba layers at megatron-core's defaults, which the harness keeps (transformer_config.py:1182,
+# 1185; the mixer's expand=2, ssm/mamba_mixer.py:179): hidden_size * 2 / 64 heads in 8 groups.
+MAMBA_EXPAND, MAMBA_HEAD_DIM, MAMBA_NUM_GROUPS = 2, 64, 8
+
+
+def mamba_heads(hidden_size: int) -> int:
+    return MAMBA_EXPAND * hidden_size // MAMBA_HEAD_DIM
+
+
+def module_problems(topo: Topology, size) -> list[str]:
+    """Each broken rule of an optional module at this topology, one line each: field, value, rule.
+    ``size`` is read with getattr (a module it lacks is off): ``kind``, ``hybrid_layer_pattern``,
+    ``moe_shared_expert_intermediate_size``, ``hidden_size``.
+
+    MTP layers add none: without a pipeline layout megatron-core builds every MTP layer on the
+    last pipeline stage (transformer/multi_token_prediction.py:651-655, :707-710). A hybrid
+    pattern without "|" is split evenly over pp (hybrid_layer_allocation.py:436-441): the
+    num_layers rule above, as num_layers is the pattern's length (harness/model/modules.py)."""
+    out = []
+    shared = getattr(size, "moe_shared_expert_intermediate_size", None)
+    # The shared expert is a dense MLP over the TP group: its fc1 output and fc2 input are split
+    # by tp (transformer/moe/shared_experts.py:127-129, tensor_parallel/layers.py:965 and :1328).
+    if shared and shared % topo.tp:
+        out.append(f"moe_shared_expert_intermediate_size {shared} is not divisible by tp {topo.tp}")
+    pattern = getattr(size, "hybrid_layer_pattern", None)
+    if getattr(size, "kind", "gpt") == "hybrid" and pattern:
+        main = pattern.split("/")[0]  # "/" starts the MTP depths (hybrid_layer_allocation.py:25)
+        segments = main.split("|")
+        # With "|", the stage segments must divide by pp (hybrid_layer_allocation.py:459-464).
+        if len(segments) > 1 and len(segments) % topo.pp:
+            out.append(f"hybrid_layer_pattern {pattern!r}: its {len(segments)} '|' segments are "
+                       f"not divisible by pp {topo.pp}")
+        if "M" in main:
+            heads = mamba_heads(size.hidden_size)
+            # Every TP rank needs whole Mamba heads and groups (ssm/mamba_mixer.py:260 and :268).
+            if heads % topo.tp:
+                out.append(f"hidden_size {size.hidden_size} gives {heads} Mamba heads "
+                           f"(hidden_size * {MAMBA_EXPAND} / {MAMBA_HEAD_DIM}), not divisible by "
+                           f"tp {topo.tp}")
+            if MAMBA_NUM_GROUPS % topo.tp:
+                out.append(f"mamba_num_groups {MAMBA_NUM_GROUPS} (megatron-core's default) is not "
+                           f"divisible by tp {topo.tp}")
+    return out
 
 
 def _lcm(a: int, b: int) -> int:
