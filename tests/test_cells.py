@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.scenario.machine import tier_skip_reason
+from harness.scenario.machine import skip_reason
 from harness.records import GOOD_OUTCOMES
 
 
 def test_cell(cell, run_dir):
-    reason = tier_skip_reason(cell.scenario.tier, cell.world)
+    reason = skip_reason(cell.scenario.tier, cell.world, cell.scenario.size)
     if reason:
         pytest.skip(reason)
     from harness.run.cell import run_cell

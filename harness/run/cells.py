@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.scenario.machine import tier_skip_reason, versions
+from harness.scenario.machine import skip_reason, tier_skip_reason, versions
 from harness.launch.pool import POOLS, stage_mode
 from harness.launch.signals import shutdown_signal
 from harness.paths import safe_name
@@ -84,7 +84,7 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
     start, lock, state = time.monotonic(), threading.Lock(), {"done": 0, "failures": 0}
 
     def one(cell) -> None:
-        reason = tier_skip_reason(cell.scenario.tier, cell.world)
+        reason = skip_reason(cell.scenario.tier, cell.world, cell.scenario.size)
         if reason:
             rec = _skipped(cell, reason)
             write_record(rec, run_dir / "cells" / safe_name(cell.id) / "record.json")

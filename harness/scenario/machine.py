@@ -89,6 +89,27 @@ def tier_skip_reason(tier: str, world: int = 1) -> str | None:
     return None
 
 
+def model_skip_reason(size) -> str | None:
+    """Why this machine cannot build ``size``'s optional modules, in one line: a package they
+    need (harness/model/modules.py ``packages_needed``) is not installed. Looked up, not
+    imported: the controller touches no GPU library (a broken install fails in its stage)."""
+    import importlib.util
+
+    from harness.model.modules import packages_needed
+
+    missing = [f"needs {package}: {why}, and it is not installed"
+               for module, package, why in packages_needed(size)
+               if importlib.util.find_spec(module) is None]
+    return "; ".join(missing) or None
+
+
+def skip_reason(tier: str, world: int = 1, size=None) -> str | None:
+    """Why a cell of ``tier`` on ``world`` ranks that builds ``size`` cannot run here, in one
+    line (the tier's reason, then the model's), or None when it can."""
+    reasons = [tier_skip_reason(tier, world), model_skip_reason(size) if size is not None else None]
+    return "; ".join(r for r in reasons if r) or None
+
+
 def version_problem() -> str | None:
     """A clear message when a package is missing or at a version this harness was not built for."""
     mc = version("megatron-core")

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from harness.check.recipes import recipe_facts
 from harness.check.versions import behaviour_for, installed_modelopt
+from harness.model import modules
 from harness.model.gpt import ModelSize, default_size
 from harness.model.recipes import Recipe, RecipeError, recipe_problem
 from harness.paths import (GOLDEN_DIR, QUARANTINE_FILE, REPO_ROOT, SCENARIO_DIR, SELECTIONS_FILE,
@@ -100,6 +101,7 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
     if problems:
         raise _Problems("; ".join(problems))
     size = ModelSize(**{**base, **over})
+    problems += modules.problems(size, doc.backend)
     topos = {k: _topologies(getattr(doc, k), size, k, problems) for k in ("saves", "loads")}
     pairs = []
     for i, pair in enumerate(doc.pairs):
@@ -115,6 +117,8 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
                      "schedule, which allocates its receive buffers on CUDA: tiers gpu-shared "
                      "and gpu only"
                      for key, t in saved if t.pp > 1]
+        if size.mtp_num_layers:
+            problems += _mtp_off_cuda(topos, pairs)
     if problems:
         raise _Problems("; ".join(problems))
     return size, topos
@@ -138,6 +142,16 @@ def _recipe_problems(text: str, topos: dict) -> list[str]:
     return [f"{key}: {t.id}: recipe {recipe.label} calibrates static NVFP4 experts, which "
             f"nvidia-modelopt refuses at expert TP > 1 ({refusal}); save at etp1"
             for key, t in saved if refusal and t.etp > 1]
+
+
+def _mtp_off_cuda(topos: dict, pairs: list) -> list[str]:
+    """MTP at pp > 1 off CUDA: the last stage's copy of the embedding is synced with the first
+    stage's through ``weight.data.cuda()`` (megatron-core 0.19.2
+    models/common/language_module/language_module.py:304-308)."""
+    every = [(f"{k}[{i}]", t) for k in ("saves", "loads") for i, t in enumerate(topos[k])]
+    every += [(f"pairs[{i}][{j}]", t) for i, p in enumerate(pairs) for j, t in enumerate(p)]
+    return [f"{key}: {t.id}: model.mtp_num_layers at pp > 1 copies the embedding to the MTP "
+            "stage on CUDA: tiers gpu-shared and gpu only" for key, t in every if t.pp > 1]
 
 
 def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from harness.check.logits import LOGITS_REFERENCES
 from harness.model.gpt import ModelSize
+from harness.model.modules import HYBRID_PATTERN_RE, HYBRID_PATTERN_RULE, KINDS, SCORE_FUNCTIONS
 from harness.model.recipes import DEFAULT_RECIPE
 from harness.records import EXPECT_MODES, ExpectMode
 from harness.tiers import BACKENDS, TIERS
@@ -61,9 +62,18 @@ class _KnownGapSchema(_Schema):
     reason: Text
 
 
-_SizeSchema = create_model(  # [model]: any ModelSize field, each a positive integer
+# [model]: any ModelSize field; a size is a positive integer, an optional module
+# (harness/model/modules.py) takes the type and values megatron-core gives it.
+_MODULE_TYPES = {
+    "kind": Literal[KINDS],
+    "hybrid_layer_pattern": Annotated[str, Field(pattern=HYBRID_PATTERN_RE)],
+    "moe_router_score_function": Literal[SCORE_FUNCTIONS],
+    "moe_router_enable_expert_bias": bool,
+}
+_SizeSchema = create_model(
     "_SizeSchema", __base__=_Schema,
-    **{f.name: (Optional[Annotated[int, Field(gt=0)]], None) for f in dataclasses.fields(ModelSize)})
+    **{f.name: (Optional[_MODULE_TYPES.get(f.name, Annotated[int, Field(gt=0)])], None)
+       for f in dataclasses.fields(ModelSize)})
 
 
 class _ScenarioSchema(_Schema):
@@ -89,7 +99,11 @@ class _ScenarioSchema(_Schema):
 
 
 _CHOICES = {"tier": TIERS, "backend": BACKENDS, "patch": PATCHES, "expect": EXPECT_MODES,
-            "logits_reference": LOGITS_REFERENCES}
+            "logits_reference": LOGITS_REFERENCES, "kind": KINDS,
+            "moe_router_score_function": SCORE_FUNCTIONS}
+
+
+_PATTERN_RULES = {NAME_RE: _NAME_RULE, HYBRID_PATTERN_RE: HYBRID_PATTERN_RULE}
 
 
 _TOML_TYPE = {str: "string", bool: "boolean", int: "integer", float: "float", list: "array",
@@ -139,7 +153,7 @@ def _explain(err: dict, top: type[BaseModel] = _ScenarioSchema) -> str:
         got = _TOML_TYPE.get(type(value), type(value).__name__)
         return f"{where}: expected {_WANTED[kind]}, got {got} {_shown(value)}"
     if kind == "string_pattern_mismatch":
-        rule = _NAME_RULE if ctx.get("pattern") == NAME_RE else f"a name matching {ctx.get('pattern')}"
+        rule = _PATTERN_RULES.get(ctx.get("pattern"), f"a name matching {ctx.get('pattern')}")
         return f"{where}: {_shown(value)} must be {rule}"
     if kind == "string_too_short":
         return f"{where}: must not be empty"
