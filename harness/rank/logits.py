@@ -64,14 +64,17 @@ def _gather_logits(local: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _record_routing(model) -> tuple[dict, list]:
-    """Forward hooks on every router: ``layer<global layer number>`` -> boolean [tokens,
-    experts] selection map (the global number names the same router on every pipeline split)."""
+    """Forward hooks on every router: ``layer<global layer number>`` (an MTP layer's router: its
+    module path, harness/model/modules.py ``router_key``) -> boolean [tokens, experts] selection
+    map (the key names the same router on every pipeline split)."""
     from megatron.core.transformer.moe.router import Router
+
+    from harness.model.modules import router_key
 
     maps, handles = {}, []
     for name, mod in model.named_modules():
         if isinstance(mod, Router):
-            key = f"layer{mod.layer_number}" if getattr(mod, "layer_number", None) else name
+            key = router_key(name, mod)
             def hook(_m, _inp, out, key=key):
                 maps[key] = out[1].detach().bool().cpu()
             handles.append(mod.register_forward_hook(hook))

@@ -33,10 +33,12 @@ def _measures_logits(spec: StageSpec) -> bool:
 
 def save_stage(spec: StageSpec) -> dict:
     from harness.rank.logits import fp32_pass, measure_logits, save_logits
+    from harness.model.modules import seed_expert_bias
     from harness.model.quant import amax_kinds, quantize
 
     clock = Clock()
     rank, model = prepare_rank(spec, clock)
+    seed_expert_bias(model, spec.seed)  # the state training leaves (none without expert bias)
     quantize(model, spec.model_size, device(), spec.recipe)
     kinds = amax_kinds(model)
     clock.lap("quantize")
