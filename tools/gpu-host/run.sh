@@ -105,8 +105,8 @@ case "$1" in
     python3 -c "from modelopt.torch.quantization.extensions import precompile; precompile()" > "$OUT/precompile.log" 2>&1
     echo "precompile: rc $? wall $(( $(date +%s) - start )) s"
     $PY048 -c "from modelopt.torch.quantization.extensions import precompile; precompile()" >> "$OUT/precompile.log" 2>&1
-    WIT=${RECIPE_SCENARIOS_none:-gpu-ultra-recipe-witness,gpu-nano-recipe-witness,gpu-super-recipe-witness}
-    FIX=${RECIPE_SCENARIOS_fix:-gpu-ultra-recipe,gpu-nano-recipe}
+    WIT=${RECIPE_SCENARIOS_none:-gpu-ultra-recipe-witness,gpu-ultra-modules-witness,gpu-nano-recipe-witness,gpu-super-recipe-witness}
+    FIX=${RECIPE_SCENARIOS_fix:-gpu-ultra-recipe,gpu-nano-recipe,gpu-modules}
     recipe_part() {
       local part=$1 py=python3 sc=$WIT start=$(date +%s)
       [ "${part%-*}" = 0.48.0rc1 ] && py=$PY048
