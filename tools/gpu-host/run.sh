@@ -104,7 +104,6 @@ case "$1" in
     start=$(date +%s)
     python3 -c "from modelopt.torch.quantization.extensions import precompile; precompile()" > "$OUT/precompile.log" 2>&1
     echo "precompile: rc $? wall $(( $(date +%s) - start )) s"
-    $PY048 -c "from modelopt.torch.quantization.extensions import precompile; precompile()" >> "$OUT/precompile.log" 2>&1
     WIT=${RECIPE_SCENARIOS_none:-gpu-ultra-recipe-witness,gpu-ultra-modules-witness,gpu-nano-recipe-witness,gpu-super-recipe-witness}
     FIX=${RECIPE_SCENARIOS_fix:-gpu-ultra-recipe,gpu-nano-recipe,gpu-modules}
     recipe_part() {
@@ -121,17 +120,20 @@ case "$1" in
     done
     wait "${PIDS[@]}" ;;
   nccl-probe)  # issue 42 item 1: NCCL ranks on ONE GPU, each with its own NCCL_HOSTID
+    P=$R/nccl-probe; mkdir -p $P  # packed into results-nccl-probe.tgz ($OUT takes 8 files)
     for n in ${PROBE_WORLDS:-2 4 8}; do
       for mode in hostid control; do
         [ $mode = control ] && [ $n != 2 ] && continue  # the refusal needs showing once
+        start=$(date +%s)
         timeout -s TERM ${PROBE_TIMEOUT_S:-150} python3 -m torch.distributed.run --nproc-per-node $n \
           --rdzv-endpoint localhost:0 --rdzv-backend c10d tools/gpu-host/nccl_probe.py $mode \
-          "$OUT/nccl-probe-$n-$mode.json" > "$OUT/nccl-probe-$n-$mode.log" 2>&1
-        echo "nccl probe world $n $mode: rc $?"; tail -n 4 "$OUT/nccl-probe-$n-$mode.log"
+          "$P/world$n-$mode.json" > "$P/world$n-$mode.log" 2>&1
+        echo "nccl probe world $n $mode: rc $? wall $(( $(date +%s) - start )) s"
+        grep -h '^{' "$P/world$n-$mode.log" | sort | uniq -c | head -4
+        grep -h -m2 -E 'Duplicate GPU|NCCL error|ncclRemoteError|Error' "$P/world$n-$mode.log" | cut -c1-300
       done
     done
-    nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$OUT/nccl-probe-after.txt" 2>&1
-    cat "$OUT/nccl-probe-after.txt" ;;
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 | tee $P/after.txt ;;
   repro-modes)
     for m in fresh pool; do
       start=$(date +%s)
