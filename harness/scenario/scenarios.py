@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness.model.gpt import ModelSize, default_size
+from harness.model.quant import topology_problems
 from harness.paths import GOLDEN_DIR, QUARANTINE_FILE, SCENARIO_DIR, SELECTIONS_FILE, shown_path
 from harness.scenario.cells import KnownGap, Scenario
 from harness.scenario.goldens import golden_manifest, golden_topology
@@ -23,7 +24,7 @@ from harness.tiers import on_cuda
 from harness.topology.topology import Topology, TopologyError
 
 
-def _topologies(raw: list[str], size: ModelSize, key: str, problems: list[str],
+def _topologies(raw: list[str], size: ModelSize, backend: str, key: str, problems: list[str],
                 unique: bool = True) -> tuple[Topology, ...]:
     out, seen = [], {}
     for i, text in enumerate(raw):
@@ -31,6 +32,10 @@ def _topologies(raw: list[str], size: ModelSize, key: str, problems: list[str],
             topo = Topology.parse(text).check(size)
         except TopologyError as exc:
             problems.append(f"{key}[{i}]: {exc}")
+            continue
+        refused = topology_problems(topo, backend)
+        if refused:
+            problems.append(f"{key}[{i}]: topology {topo.id} cannot run: " + "; ".join(refused))
             continue
         if unique and topo in seen:
             problems.append(f"{key}[{i}]: {topo.id} is listed twice (also {key}[{seen[topo]}])")
@@ -96,10 +101,13 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
     if problems:
         raise _Problems("; ".join(problems))
     size = ModelSize(**{**base, **over})
-    topos = {k: _topologies(getattr(doc, k), size, k, problems) for k in ("saves", "loads")}
+    where = "goldens" if doc.goldens else "model"  # where the size came from
+    problems += [f"{where}: {p}" for p in size.problems()]
+    topos = {k: _topologies(getattr(doc, k), size, doc.backend, k, problems)
+             for k in ("saves", "loads")}
     pairs = []
     for i, pair in enumerate(doc.pairs):
-        got = _topologies(pair, size, f"pairs[{i}]", problems, unique=False)
+        got = _topologies(pair, size, doc.backend, f"pairs[{i}]", problems, unique=False)
         if len(got) == 2:
             pairs.append(got)
     topos["pairs"] = tuple(pairs)
