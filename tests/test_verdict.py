@@ -3,6 +3,7 @@ small hand-made results: BLOCKED, SAFE WITH PATCH, INCOMPLETE, SAFE, and the exi
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -321,3 +322,23 @@ def test_a_pair_without_a_rule_gets_no_verdict_but_says_which_pair():
                               "outcome": "rule-unknown"} for c in witness["cells"]}
     v = _by_job(verdict.judge_records(records))[NANO]
     assert v.word == verdict.NO_RULE and "0.47.0 + mcore 0.18.0" in v.detail
+
+
+@pytest.mark.parametrize("patched, rc, passing", [("0", 3, []), ("1", 0, [NANO, ULTRA])])
+def test_gate_script_gates_every_job_and_shows_the_step(tmp_path, patched, rc, passing):
+    """tools/unquarantine-gate.sh (the CI job unquarantine-gate, `make gate`) on a committed run
+    whose patched cells pass for both jobs: without GATE_PATCHED both stay quarantined (3),
+    with it both gates pass and each prints the step that un-quarantines it."""
+    from tests.test_gitlab_ci_local_install import bounded
+
+    run = tmp_path / "results" / "nightly"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text((RUNS / "20261203-100332-eq-fresh.results.json").read_text())
+    repo = RUNS.parent.parent.parent
+    env = {**os.environ, "PY": sys.executable, "RESULTS": str(tmp_path / "results"),
+           "GATE_PATCHED": patched}
+    r = bounded(["bash", str(repo / "tools" / "unquarantine-gate.sh")], 600, cwd=repo, env=env)
+    assert r.returncode == rc, r.stdout + r.stderr
+    gates = [line for line in r.stdout.splitlines() if line.startswith("gate ")]
+    assert [g.split(":")[0] for g in gates] == [f"gate {NANO}", f"gate {ULTRA}"]
+    assert [g.split()[1].rstrip(":") for g in gates if "Next step:" in g] == passing
