@@ -13,7 +13,7 @@ RESULTS ?= results
 help:             ## this list
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
-.PHONY: help repro test test-slow test-all test-gpu witness verdict report map matrix bench lint docker-build docker-repro clean
+.PHONY: help repro test test-slow test-all test-gpu witness verdict gate report map matrix bench lint docker-build docker-repro clean
 
 repro:            ## the main job: reproduce the bug, check the fix, on the best tier here
 	$(PY) -m harness --results-root $(RESULTS) repro
@@ -35,6 +35,9 @@ witness:          ## the unpatched bug witness grid (allow-to-fail in CI)
 
 verdict:          ## un-quarantine verdict: judges $(RESULTS)/*/results.json, or runs the cells when none
 	$(PY) -m harness --results-root $(RESULTS) verdict $(foreach f,$(wildcard $(RESULTS)/*/results.json),--results $(f))
+
+gate:             ## un-quarantine gate per job on $(RESULTS)/*/results.json (GATE_PATCHED=1: the jobs apply harness.fix)
+	PY="$(PY)" RESULTS="$(RESULTS)" bash tools/unquarantine-gate.sh
 
 report:           ## markdown summary + grid picture of the newest run
 	$(PY) -m harness --results-root $(RESULTS) report

@@ -117,9 +117,19 @@ def cmd_dump(args) -> int:
 
 
 def cmd_verdict(args) -> int:
-    """Judge the given results.json files, or run the quarantined jobs' cells here first."""
-    from harness.report import verdict
+    """Judge the given results.json files, or run the quarantined jobs' cells here first; with
+    ``--gate``, one job's verdict as the gate's exit code (harness/report/gate.py)."""
+    from harness.report import gate, verdict
 
+    try:
+        if args.gate and not args.job:
+            known = ", ".join(j.id for j in verdict.load_quarantine().jobs)
+            raise gate.GateUsage(f"--gate needs --job ID; known jobs: {known}")
+        if args.job:
+            gate.job_of(args.job)
+    except gate.GateUsage as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return gate.EXIT_USAGE
     if args.results:
         from harness.check.results_file import ResultsFileError
 
@@ -127,17 +137,33 @@ def cmd_verdict(args) -> int:
             docs = verdict.read_docs(args.results)
         except ResultsFileError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 2
-        return verdict.main(docs)
+            return gate.EXIT_USAGE
+        return _judge(args, docs)
     from harness.run.cells import run_cells
+    from harness.scenario.machine import tier_skip_reason
 
     cells = verdict.cells_to_run()
+    if all(tier_skip_reason(c.scenario.tier, c.world) for c in cells):
+        print(verdict.no_evidence_line(cells[0].scenario.tier))  # nothing could run here
+        return gate.EXIT_UNDECIDED if args.gate else 0
     print(f"running {len(cells)} verdict cell(s) with the installed modelopt", file=sys.stderr)
     doc = run_cells(cells, Path(args.results_root), label="verdict", out=sys.stderr)
     from harness.run.results import exit_code
 
-    rc = verdict.main([("this machine, installed modelopt", doc)])
+    rc = _judge(args, [("this machine, installed modelopt", doc)])
     return exit_code(doc) if doc.get("incomplete") else rc
+
+
+def _judge(args, docs) -> int:
+    from harness.report import gate, verdict
+
+    if not args.gate:
+        return verdict.main(docs, args.job)
+    try:
+        return gate.main(docs, args.job, args.patched)
+    except gate.GateUsage as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return gate.EXIT_USAGE
 
 
 def cmd_report(args) -> int:
@@ -259,6 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("verdict", help="un-quarantine verdict for the two nmm-sandbox jobs")
     v.add_argument("--results", action="append", default=[],
                    help="results.json to judge (repeatable; default: run the verdict cells)")
+    v.add_argument("--job", help="one job of scenarios/quarantine.toml (its id)")
+    v.add_argument("--gate", action="store_true",
+                   help="exit 0 only when --job may leave quarantine: 0 SAFE (or SAFE WITH PATCH "
+                        "with --patched), 1 UNEXPECTED FAILURE, 2 usage, 3 BLOCKED, 4 INCOMPLETE "
+                        "/ NO EVIDENCE / RULE UNKNOWN")
+    v.add_argument("--patched", action="store_true",
+                   help="with --gate: the job's pipeline applies harness.fix (MOE_CKPT_FIX=1)")
     v.set_defaults(fn=cmd_verdict)
 
     rep = sub.add_parser("report", help="markdown summary + grid picture of a run")

@@ -23,6 +23,7 @@ import torch
 
 import harness.fix as fix
 from harness.fix import modelopt_0_47_0 as fx
+from tests.test_gitlab_ci_local_install import bounded
 
 REPO = Path(__file__).resolve().parents[1]
 DIFF = REPO / "patches" / "nvidia-modelopt-0.47.0-expert-amax-resharding.diff"
@@ -386,13 +387,64 @@ def test_autoload_chains_other_sitecustomize_and_arms_lazily(tmp_path):
     assert ran == "ran" and first_finder != "_ApplyAfterImport"  # off: chains, arms nothing
 
 
+def _autoload_python(fix_value: str | None, code: str) -> subprocess.CompletedProcess:
+    """``python -W ignore -c CODE`` through the autoload route, bounded; warnings off so that
+    stderr holds only what the route itself says."""
+    env = {k: v for k, v in os.environ.items() if k != "MOE_CKPT_FIX"}
+    env.update({"PYTHONPATH": str(AUTOLOAD), "MOE_CKPT_FIX_VERBOSE": "1"})
+    if fix_value is not None:
+        env["MOE_CKPT_FIX"] = fix_value
+    return bounded([sys.executable, "-W", "ignore", "-c", code], 180, env=env, cwd="/")
+
+
+IMPORT_MODELOPT = "import modelopt.torch; print('imported')"
+
+
+@pytest.mark.parametrize("value", ["banana", "2", "on", "enable", "tru"])
+def test_autoload_bad_switch_value_stops_with_one_line(value):
+    """A typo must not leave the job unpatched: one line naming the variable, the value and the
+    accepted values, exit code 2, before anything is imported."""
+    r = _autoload_python(value, IMPORT_MODELOPT)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "MOE_CKPT_FIX" in lines[0] and repr(value) in lines[0]
+    assert "1/true/yes" in lines[0] and "unset/empty/0/false/no" in lines[0]
+    assert "imported" not in r.stdout
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "false", "No", " FALSE "])
+def test_autoload_off_values_arm_nothing(value):
+    r = _autoload_python(value, "import sys; print([type(f).__name__ for f in sys.meta_path])")
+    assert r.returncode == 0, r.stderr
+    assert "_ApplyAfterImport" not in r.stdout and r.stderr == ""
+
+
+@pytest.mark.parametrize("value", ["1", " Yes "])
+def test_autoload_on_values_arm_the_hook(value):
+    r = _autoload_python(value, "import sys; print(type(sys.meta_path[0]).__name__)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "_ApplyAfterImport"
+
+
 @pytest.mark.skipif(_te_importable(), reason="Transformer Engine is importable here")
-def test_autoload_refusal_stops_the_importing_process():
-    """modelopt swallows exceptions raised while importing its plugins; the refusal must not."""
-    env = {**os.environ, "PYTHONPATH": str(AUTOLOAD), "MOE_CKPT_FIX": "1"}
-    r = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", "import modelopt.torch.quantization"],
-        env=env, capture_output=True, text=True, cwd="/",
-    )
-    assert r.returncode != 0
-    assert "TransformerEngineMissing" in r.stderr
+@pytest.mark.parametrize("value", ["1", "TRUE"])
+def test_autoload_refusal_stops_the_importing_process_with_one_line(value):
+    """No Transformer Engine: the refusal is one line and exit code 3, not a traceback, and not
+    swallowed (modelopt turns exceptions raised while importing its plugins into warnings)."""
+    r = _autoload_python(value, IMPORT_MODELOPT)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("[MOE_CKPT_FIX] TransformerEngineMissing:")
+    assert "Nothing was patched" in lines[0]
+    assert "imported" not in r.stdout
+
+
+def test_refusals_share_one_base_class():
+    """The autoload route catches ``harness.fix.Refused``; every refusal of apply() must be one."""
+    assert issubclass(fix.UnsupportedModeloptVersion, fix.Refused)
+    assert issubclass(fix.TransformerEngineMissing, fix.Refused)
+    with pytest.raises(fix.Refused, match="does not reference"):
+        fx._require_calls(lambda: None, ["reset_amax"], "a changed method")

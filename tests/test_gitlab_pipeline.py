@@ -8,7 +8,8 @@ docs/ci.md), not from the tool's output:
 * merge requests (and pushes to the default branch): lint -> cpu-tests -> report, no GPU job;
 * the nightly schedule and "Run pipeline" (web): lint -> cpu-tests -> build-image -> gpu-tests
   and bug-witness on an 8-GPU runner -> report;
-* bug-witness may fail (it reproduces the upstream bug on purpose), nothing else may;
+* bug-witness may fail (it reproduces the upstream bug on purpose), nothing else may but the
+  manual unquarantine-gate of nightly pipelines (a closed gate is a decision, issue 40);
 * report always runs, with the test jobs' results.
 
 gitlab-ci-local 4.60.1 does not evaluate ``workflow:rules`` (which pipelines exist at all); it
@@ -38,10 +39,11 @@ pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("gitlab-ci-local")]
 GPU_JOBS = {"build-image", "gpu-tests", "bug-witness"}
 NIGHTLY_CPU = {"cpu-slow-tests"}  # issue 23: `make test-slow` (-m slow), nightly and on demand
 MR_JOBS = {"lint", "cpu-tests", "report"}
-NIGHTLY_JOBS = MR_JOBS | GPU_JOBS | NIGHTLY_CPU
+GATE = {"unquarantine-gate"}  # issue 40: manual, on the nightly GPU jobs' results
+NIGHTLY_JOBS = MR_JOBS | GPU_JOBS | NIGHTLY_CPU | GATE
 SCHEDULE_ONLY = {"pairs-nightly"}  # issue 24: the pinned pair and the newest releases
 STAGE = {"lint": "lint", "cpu-tests": "cpu", "cpu-slow-tests": "cpu", "build-image": "gpu", "gpu-tests": "gpu",
-         "bug-witness": "gpu", "report": "report", "pairs-nightly": "gpu"}
+         "bug-witness": "gpu", "report": "report", "pairs-nightly": "gpu", "unquarantine-gate": "report"}
 
 
 def _gcl(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -159,10 +161,24 @@ def test_scheduled_pipeline_runs_the_pairs_job(gcl):
     assert "pairs-nightly" not in pipeline(gcl, "merge_request_event")
 
 
-def test_only_the_bug_witness_may_fail(gcl):
+def test_only_the_bug_witness_and_the_manual_gate_may_fail(gcl):
     jobs = pipeline(gcl, "schedule")
     assert jobs["bug-witness"]["allow_failure"] is True, "the witness turns orange, not red"
-    assert {n for n, j in jobs.items() if j["allow_failure"]} == {"bug-witness"}
+    assert {n for n, j in jobs.items() if j["allow_failure"]} == {"bug-witness"} | GATE
+
+
+@pytest.mark.parametrize("source", ["schedule", "web"])
+def test_unquarantine_gate_is_manual_after_the_gpu_jobs(gcl, preview, source):
+    """Nightly pipelines only; someone starts it (it must not hold the pipeline as blocked); it
+    judges the GPU jobs' results, and runs the gate script, which gates every job."""
+    job = pipeline(gcl, source)["unquarantine-gate"]
+    assert job["when"] == "manual" and job["allow_failure"] is True
+    assert job["stage"] == "report", "after the gpu stage"
+    need = needs(job)
+    assert set(need) == {"gpu-tests", "bug-witness"}
+    assert all(n["artifacts"] is True for n in need.values()), "the gate judges their results"
+    assert preview["unquarantine-gate"]["script"] == ["bash tools/unquarantine-gate.sh"]
+    assert "unquarantine-gate" not in pipeline(gcl, "merge_request_event")
 
 
 def test_prebuilt_image_skips_the_build_but_keeps_the_order(gcl):

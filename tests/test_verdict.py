@@ -3,6 +3,8 @@ small hand-made results: BLOCKED, SAFE WITH PATCH, INCOMPLETE, SAFE, and the exi
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -119,13 +121,156 @@ def test_unexpected_failure_outside_evidence_does_not_fail(tmp_path):
     assert not any(v.unexpected for v in verdict.judge_doc(doc))
 
 
+def _args(**kw) -> SimpleNamespace:
+    return SimpleNamespace(**{"results": [], "results_root": "results", "job": None, "gate": False,
+                              "patched": False, **kw})
+
+
 @pytest.mark.skipif(tier_skip_reason("gpu-shared", 8) is None, reason="a GPU is here: cells would run")
-def test_no_gpu_runs_cells_and_says_no_evidence(tmp_path, capsys):
-    rc = cli.cmd_verdict(SimpleNamespace(results=[], results_root=str(tmp_path)))
+@pytest.mark.parametrize("gate", [False, True])
+def test_no_results_and_no_gpu_is_one_line(tmp_path, capsys, gate):
+    """Nothing to judge and nothing runnable here: one line saying where evidence comes from, no
+    cells run (every one would be skipped), exit 0 for the report and 4 for the gate."""
+    rc = cli.cmd_verdict(_args(results_root=str(tmp_path), gate=gate, job=NANO if gate else None))
     out = capsys.readouterr().out
-    assert rc == 0
-    assert out.count("NO EVIDENCE - on this machine (tier gpu-shared needs a GPU)") == 2
-    assert list(tmp_path.glob("*-verdict/results.json"))
+    assert rc == (4 if gate else 0)
+    _no_evidence_line(out)
+    assert not any(tmp_path.iterdir()), "no run directory: nothing ran"
+
+
+def _no_evidence_line(out: str) -> None:
+    lines = out.splitlines()
+    assert len(lines) == 1, out
+    line = lines[0]
+    assert "GPU host" in line and "README's verdict table" in line and "tests/data/runs/" in line
+    example = line.split("--results ", 1)[1].rstrip(")")
+    assert (RUNS.parent.parent.parent / example).is_file(), example  # a real committed run
+    assert "cpu tier" not in line
+
+
+# Committed runs with no cell of either job (cpu-only, pipeline, shape and sample runs).
+NO_JOB_CELLS = ["20261203-004730-density", "20261203-033850-pipeline", "20261203-034324-shape-nano",
+                "20261203-035054-shape-ultra", "20261204-022455-sample-0.47.0-fix",
+                "20261204-022455-sample-0.47.0-none"]
+
+
+def test_results_without_evidence_say_so_once_not_per_file(capsys):
+    docs = verdict.read_docs([RUNS / f"{n}.results.json" for n in NO_JOB_CELLS])
+    assert verdict.main(docs) == 0
+    _no_evidence_line(capsys.readouterr().out)
+
+
+def test_an_undecided_job_is_one_summary_line_with_gpu_advice(capsys):
+    """fix1 decides Ultra and holds none of Nano's cells; with the evidence-free runs beside it,
+    Nano is one summary line (not an INCOMPLETE block per file) naming the cells to earn on a
+    GPU host."""
+    files = [FIX1] + [RUNS / f"{n}.results.json" for n in NO_JOB_CELLS]
+    assert verdict.main(verdict.read_docs(files)) == 0
+    out = capsys.readouterr().out
+    nano = [line for line in out.splitlines() if line.strip().startswith(f"{NANO}:")]
+    assert len(nano) == 1, out
+    assert f"INCOMPLETE in every one of {len(files)} results file(s)" in nano[0]
+    assert "GPU host" in nano[0] and "cpu tier" not in out
+    for cell in _gate_cell_ids(NANO):
+        assert cell in nano[0]
+    assert f"{ULTRA}: SAFE WITH PATCH" in out
+    assert out.count("INCOMPLETE") == 1
+
+
+# --- the gate (harness/report/gate.py): exit codes as README "The verdict" lists them ----------
+GATE_EXIT = {verdict.SAFE: 0, verdict.UNEXPECTED: 1, verdict.BLOCKED: 3, verdict.INCOMPLETE: 4,
+             verdict.NO_EVIDENCE: 4}
+GATE_RUNS = ["20261202-122731-witness", "20261203-100332-eq-fresh", "20261203-000227-matrix-0.48.0rc1",
+             "20261202-121737-smoke", "20261204-020324-matrix-0.47.0-mc0.19.2",
+             "20261204-022107-matrix-0.48.0rc1-mc0.15.3", "20261204-023144-repro-gpu-new",
+             "20261203-004730-density"]
+
+
+def _gate_cell_ids(job_id: str) -> list[str]:
+    """witness save-only, witness save->load, fix save-only, fix save->load: from
+    quarantine.toml, as the scenarios name cells."""
+    import tomllib
+
+    q = tomllib.loads(verdict.QUARANTINE.read_text())
+    job = next(j for j in q["jobs"] if j["id"] == job_id)
+    save, load = (verdict.Topology.parse(job[k]).id for k in ("save", "load"))
+    return [f"{name}[save={save},{tail}]" for name in (q["witness_scenario"], q["fix_scenario"])
+            for tail in ("save-only", f"load={load}")]
+
+
+def _expected_verdict(outcomes: dict[str, str], job_id: str) -> str:
+    """The verdict the quarantine rules give these recorded outcomes (harness/report/verdict.py's
+    docstring), derived here from the file, not from the gate."""
+    w_save, w_load, f_save, f_load = (outcomes.get(c) for c in _gate_cell_ids(job_id))
+    every = (w_save, w_load, f_save, f_load)
+    if "unexpected-failure" in every:
+        return verdict.UNEXPECTED
+    if all(o in ("pass", "unexpected-pass") for o in (w_save, w_load)):
+        return verdict.SAFE
+    if f_save == f_load == "pass":
+        return verdict.SAFE_WITH_PATCH
+    if "bug-reproduced" in (w_save, w_load):
+        return verdict.BLOCKED
+    return verdict.INCOMPLETE
+
+
+@pytest.mark.parametrize("run", GATE_RUNS)
+def test_gate_exit_code_per_job_follows_from_the_committed_cells(run, capsys):
+    path = RUNS / f"{run}.results.json"
+    outcomes = {c["cell_id"]: c["outcome"] for c in json.loads(path.read_text())["cells"]}
+    for job_id in (NANO, ULTRA):
+        word = _expected_verdict(outcomes, job_id)
+        for patched in (False, True):
+            rc = cli.cmd_verdict(_args(results=[str(path)], job=job_id, gate=True, patched=patched))
+            out = capsys.readouterr().out
+            want = (0 if patched else 3) if word == verdict.SAFE_WITH_PATCH else GATE_EXIT[word]
+            assert rc == want, (job_id, patched, word, out)
+            if any(outcomes.get(c) for c in _gate_cell_ids(job_id)):
+                assert out.splitlines()[-1].startswith(f"gate {job_id}: {word} -> exit {want}:"), out
+                assert ("Next step:" in out) == (want == 0)
+            else:
+                _no_evidence_line(out)
+
+
+def test_gate_covers_every_exit_code_the_readme_lists():
+    """GATE_RUNS hold a SAFE, a SAFE WITH PATCH, a BLOCKED and an undecided job."""
+    words = set()
+    for run in GATE_RUNS:
+        doc = json.loads((RUNS / f"{run}.results.json").read_text())
+        outcomes = {c["cell_id"]: c["outcome"] for c in doc["cells"]}
+        words |= {_expected_verdict(outcomes, j) for j in (NANO, ULTRA)}
+    assert words == {verdict.SAFE, verdict.SAFE_WITH_PATCH, verdict.BLOCKED, verdict.INCOMPLETE}
+
+
+def test_gate_unexpected_failure_is_exit_1(tmp_path, capsys):
+    witness, fix = _evidence_ids(NANO)
+    recs = [_record(c.id, "bug-reproduced" if c.load else "pass", c.expected) for c in witness]
+    recs += [_record(fix[0].id, "pass"), _record(fix[1].id, "unexpected-failure",
+                                                  failed_stage="verify", message="amax differ")]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_doc(recs, "0.47.0")))
+    assert cli.cmd_verdict(_args(results=[str(path)], job=NANO, gate=True, patched=True)) == 1
+    assert f"gate {NANO}: UNEXPECTED FAILURE -> exit 1" in capsys.readouterr().out
+
+
+def test_gate_usage_errors_are_exit_2_and_name_the_known_jobs():
+    """Through the real CLI: an unknown job, --gate without --job, results of two pairs."""
+    import tomllib
+
+    from tests.test_gitlab_ci_local_install import bounded
+
+    known = [j["id"] for j in tomllib.loads(verdict.QUARANTINE.read_text())["jobs"]]
+    base = [sys.executable, "-W", "ignore", "-m", "harness", "verdict", "--results", str(WITNESS)]
+    for extra, says in (
+            (["--job", "nemotron-4", "--gate"], "unknown job 'nemotron-4'; known jobs: " + ", ".join(known)),
+            (["--gate"], "--gate needs --job ID; known jobs: " + ", ".join(known)),
+            (["--job", NANO, "--gate", "--results",
+              str(RUNS / "20261203-000227-matrix-0.48.0rc1.results.json")],
+             "the gate judges one (modelopt, megatron-core) pair")):
+        r = bounded([*base, *extra], 300, cwd=RUNS.parent.parent.parent)
+        assert r.returncode == 2, (extra, r.stdout, r.stderr)
+        assert r.stdout == ""
+        assert says in r.stderr.strip().splitlines()[-1], r.stderr
 
 
 def test_recorded_logits_failure_is_rejudged_under_the_current_rule():
@@ -177,3 +322,23 @@ def test_a_pair_without_a_rule_gets_no_verdict_but_says_which_pair():
                               "outcome": "rule-unknown"} for c in witness["cells"]}
     v = _by_job(verdict.judge_records(records))[NANO]
     assert v.word == verdict.NO_RULE and "0.47.0 + mcore 0.18.0" in v.detail
+
+
+@pytest.mark.parametrize("patched, rc, passing", [("0", 3, []), ("1", 0, [NANO, ULTRA])])
+def test_gate_script_gates_every_job_and_shows_the_step(tmp_path, patched, rc, passing):
+    """tools/unquarantine-gate.sh (the CI job unquarantine-gate, `make gate`) on a committed run
+    whose patched cells pass for both jobs: without GATE_PATCHED both stay quarantined (3),
+    with it both gates pass and each prints the step that un-quarantines it."""
+    from tests.test_gitlab_ci_local_install import bounded
+
+    run = tmp_path / "results" / "nightly"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text((RUNS / "20261203-100332-eq-fresh.results.json").read_text())
+    repo = RUNS.parent.parent.parent
+    env = {**os.environ, "PY": sys.executable, "RESULTS": str(tmp_path / "results"),
+           "GATE_PATCHED": patched}
+    r = bounded(["bash", str(repo / "tools" / "unquarantine-gate.sh")], 600, cwd=repo, env=env)
+    assert r.returncode == rc, r.stdout + r.stderr
+    gates = [line for line in r.stdout.splitlines() if line.startswith("gate ")]
+    assert [g.split(":")[0] for g in gates] == [f"gate {NANO}", f"gate {ULTRA}"]
+    assert [g.split()[1].rstrip(":") for g in gates if "Next step:" in g] == passing

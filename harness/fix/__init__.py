@@ -9,7 +9,9 @@ or, without touching their code, through the environment::
 
     MOE_CKPT_FIX=1 PYTHONPATH=<repo>/harness/fix/autoload:$PYTHONPATH torchrun ...
 
-(see ``autoload/sitecustomize.py``). The same change, as a diff against the 0.47.0 sources, is
+(see ``autoload/sitecustomize.py``: ``MOE_CKPT_FIX`` takes ``1``/``true``/``yes`` or
+``0``/``false``/``no``/empty; any other value, or a refusal below, stops the process with one
+line on stderr). The same change, as a diff against the 0.47.0 sources, is
 ``patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff``.
 
 The fix is tied to one exact modelopt version because it wraps private methods whose bodies it
@@ -23,11 +25,15 @@ SUPPORTED_MODELOPT_VERSION = "0.47.0"
 SUPPORTED_MCORE_VERSIONS = ("0.16.0", "0.16.1", "0.19.2")
 
 
-class UnsupportedModeloptVersion(RuntimeError):
+class Refused(RuntimeError):
+    """``apply()`` would not patch this environment; the autoload route turns it into one line."""
+
+
+class UnsupportedModeloptVersion(Refused):
     """The installed nvidia-modelopt is not the one this fix was written and checked against."""
 
 
-class TransformerEngineMissing(RuntimeError):
+class TransformerEngineMissing(Refused):
     """ModelOpt's Transformer Engine plugin classes (TEGroupedMLP support) are not defined."""
 
 
@@ -81,6 +87,7 @@ def _installed_mcore_version() -> str | None:
 
 __all__ = [
     "SUPPORTED_MODELOPT_VERSION",
+    "Refused",
     "TransformerEngineMissing",
     "UnsupportedModeloptVersion",
     "apply",

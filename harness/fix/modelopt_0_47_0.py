@@ -37,7 +37,7 @@ import functools
 import inspect
 import re
 
-from . import TransformerEngineMissing, legacy_load
+from . import Refused, TransformerEngineMissing, legacy_load
 
 _MARK = "__moe_ckpt_fix__"  # set on every function this module installs (idempotency)
 # Keys of the per-expert state dicts that (a) targets: "{gemm_idx}.weight_quantizer.{sub}".
@@ -188,7 +188,7 @@ def _require_calls(func, names, what):
     """Refuse to wrap a method whose body no longer makes the calls the wrapper relies on."""
     missing = [n for n in names if n not in func.__code__.co_names]
     if missing:
-        raise RuntimeError(
+        raise Refused(
             f"harness.fix: {what} does not reference {missing}; the installed modelopt is not the "
             "0.47.0 source this fix was written for. Nothing was patched."
         )

@@ -61,6 +61,30 @@ MODULE_FIELDS = ("kind", "hybrid_layer_pattern", "moe_shared_expert_intermediate
                  "moe_router_score_function", "moe_router_enable_expert_bias", "mtp_num_layers",
                  "moe_latent_size")
 
+    def problems(self) -> list[str]:
+        """What megatron-core (0.19.2, file:line under megatron/core/) refuses, or builds other
+        than asked, of this size whatever the topology: one line each, checked before any rank
+        starts. Rules that involve a parallel size: ``Topology.problems``."""
+        out = []
+        # transformer_config.py:1332 kv_channels = hidden_size // num_attention_heads: not
+        # refused, floored, so the attention would be kv_channels * heads wide, not hidden_size.
+        if self.hidden_size % self.num_attention_heads:
+            out.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                       f"{self.num_attention_heads} (megatron-core floors kv_channels to "
+                       f"{self.hidden_size // self.num_attention_heads}, an attention "
+                       f"{self.hidden_size // self.num_attention_heads * self.num_attention_heads}"
+                       " wide)")
+        # transformer/moe/moe_utils.py:823 torch.topk(scores, k=topk) over num_experts scores.
+        if self.moe_router_topk > self.num_experts:
+            out.append(f"moe_router_topk {self.moe_router_topk} is more than num_experts "
+                       f"{self.num_experts} (the router picks topk of num_experts)")
+        # transformer_config.py:2328 ValueError: topk 1 needs pre-softmax routing; this model
+        # routes with softmax after top-k and no load balancing (transformer_config below).
+        if self.moe_router_topk == 1:
+            out.append("moe_router_topk 1 is refused by megatron-core for a softmax router "
+                       "without pre-softmax (use 2 or more)")
+        return out
+
 
 CPU_SIZE = ModelSize()
 GPU_SIZE = ModelSize(hidden_size=256, ffn_hidden_size=512, moe_ffn_hidden_size=256)

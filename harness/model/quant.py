@@ -6,9 +6,22 @@ import contextlib
 
 from harness.model.gpt import ModelSize, forward, sample_batch
 from harness.model.recipes import DEFAULT_RECIPE, Recipe, quant_config
+from harness.tiers import Backend
+from harness.topology.topology import Topology
 
 CALIBRATION_BATCHES = 3
 CALIBRATION_SEED = 100
+
+
+def topology_problems(topo: Topology, backend: str) -> list[str]:
+    """What ModelOpt refuses of this topology on this backend, one line each, so the controller
+    refuses it before any rank starts (``mtq.quantize`` would raise on every rank)."""
+    # modelopt/torch/quantization/plugins/megatron.py:736-741 (0.47.0) ValueError in
+    # _MegatronSequentialMLP._setup: the local backend's SequentialMLP experts.
+    if backend == Backend.LOCAL and topo.tp > 1 and topo.ep > 1:
+        return [f"tp {topo.tp} with ep {topo.ep}: ModelOpt's QuantSequentialMLP (backend local) "
+                "refuses TP > 1 with EP > 1; set tp or ep to 1"]
+    return []
 
 
 def quantize(model, size: ModelSize, device, recipe: str = DEFAULT_RECIPE) -> None:

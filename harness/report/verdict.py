@@ -19,7 +19,9 @@ Every recorded cell is judged again by the one judge under today's rules (``reju
 note says so where the outcome changes), so evidence recorded before a rule change still counts.
 
 Evidence comes from results.json files (``--results``, judged one by one and, where several
-share a modelopt version, together), or, with none given, from running the cells now.
+share a modelopt version, together), or, with none given, from running the cells now (on a
+machine that cannot run them: one line saying where evidence comes from). A job no file decides
+is one summary line, not a block per file. ``--job ID --gate``: harness/report/gate.py.
 """
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ QUARANTINE = QUARANTINE_FILE
 SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
 INCOMPLETE, NO_EVIDENCE, UNEXPECTED = "INCOMPLETE", "NO EVIDENCE", "UNEXPECTED FAILURE"
 NO_RULE = "RULE UNKNOWN"  # the (modelopt, megatron-core) pair has no rule: nothing to judge by
+UNDECIDED = (INCOMPLETE, NO_EVIDENCE)  # summarised once per job, not once per results file
+# A committed run that decides both jobs: what the no-evidence line tells a reader to judge.
+COMMITTED_EXAMPLE = "tests/data/runs/20261204-023144-repro-gpu-new.results.json"
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,12 @@ class Verdict:
     @property
     def unexpected(self) -> bool:
         return self.word == UNEXPECTED
+
+    @property
+    def ran(self) -> list[str]:
+        """Evidence cells that ran (not missing, skipped or interrupted)."""
+        return [e.cell_id for e in self.evidence
+                if e.outcome not in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
 
 
 Record = CellRecord | Mapping[str, Any]  # a results.json cell, read by CellRecord.of
@@ -330,42 +341,91 @@ def _mcore(run: RunResults) -> str:
     return str(run.version("megatron-core") or REFERENCE_MCORE)
 
 
-def _pair(run: RunResults) -> str:
+def run_pair(run: RunResults) -> str:
     return f"(modelopt {_modelopt(run)}, megatron-core {_mcore(run)})"
 
 
-def verdict_report(docs: list[tuple[str, Mapping[str, Any]]]) -> tuple[str, list[Verdict]]:
+def merged_records(runs: list[RunResults]) -> dict[str, CellRecord]:
+    """The records of several runs together: for the same cell the newer run wins, except that
+    a skipped or interrupted cell never hides a result."""
+    records: dict[str, CellRecord] = {}
+    for run in sorted(runs, key=lambda r: (str(r.created), str(r.run_id))):
+        for cid, c in doc_records(run).items():
+            if c.outcome not in (Outcome.SKIPPED, Outcome.INTERRUPTED) or cid not in records:
+                records[cid] = c
+    return records
+
+
+def no_evidence_line(tier: str) -> str:
+    """The one line for a verdict with no evidence at all: where evidence comes from."""
+    return (f"NO EVIDENCE: the quarantined jobs' cells run on tier {tier}: earning evidence needs "
+            "a GPU host (docs/gpu-host.md); the committed evidence is the README's verdict table "
+            f"and tests/data/runs/ (judge a committed run: python -m harness verdict --results "
+            f"{COMMITTED_EXAMPLE})")
+
+
+def verdict_report(docs: list[tuple[str, Mapping[str, Any]]], job: str | None = None
+                   ) -> tuple[str, list[Verdict]]:
     """Text for each (label, results doc), then for each modelopt version with several docs the
-    verdict of their records together (newer runs win for the same cell). Returns all verdicts."""
+    verdict of their records together (newer runs win for the same cell). Returns all verdicts.
+
+    A job the evidence cannot decide (INCOMPLETE, NO EVIDENCE) is left out of each block and
+    summarised once at the end, only when no block decides it; with no evidence for any job at
+    all, the text is one line (``no_evidence_line``). ``job``: that job only."""
     out, every = [], []
     goldens = load_quarantine().goldens
     runs = [(label, RunResults.of(doc)) for label, doc in docs]
+
+    def block(title: str, vds: list[Verdict], group: list[RunResults],
+              records: Mapping[str, Record], advice: list[str]) -> None:
+        vds = [v for v in vds if job is None or v.job.id == job]
+        every.extend(vds)
+        decided = [v for v in vds if v.word not in UNDECIDED]
+        checkpoints = existing_checkpoints(records, goldens)
+        if decided or checkpoints:
+            out.append("\n".join([format_verdicts(title, decided), *_incomplete(group),
+                                  *checkpoints, *advice]))
+
     for label, run in runs:
-        vds = judge_doc(run)
-        every += vds
-        out.append("\n".join([format_verdicts(
-            f"== {_pair(run)}: {label} (run {run.run_id}, "
-            f"tier {run.tier or '?'}; {_versions(run)})", vds),
-            *_incomplete([run]), *existing_checkpoints(doc_records(run), goldens),
-            *checkpoint_advice(_modelopt(run))]))
+        block(f"== {run_pair(run)}: {label} (run {run.run_id}, tier {run.tier or '?'}; "
+              f"{_versions(run)})", judge_doc(run), [run], doc_records(run),
+              checkpoint_advice(_modelopt(run)))
     groups: dict[str, list[RunResults]] = {}
     for _, run in runs:
-        groups.setdefault(_pair(run), []).append(run)
+        groups.setdefault(run_pair(run), []).append(run)
     for version, group in groups.items():
         if len(group) < 2:
             continue
-        records: dict[str, CellRecord] = {}
-        for run in sorted(group, key=lambda r: (str(r.created), str(r.run_id))):
-            for cid, c in doc_records(run).items():
-                if c.outcome not in (Outcome.SKIPPED, Outcome.INTERRUPTED) or cid not in records:
-                    records[cid] = c
+        records = merged_records(group)
         ids = ", ".join(str(r.run_id) for r in group)
-        vds = judge_records(records)
-        every += vds
-        out.append("\n".join([format_verdicts(
-            f"== {version}: all {len(group)} runs together ({ids}; newer runs win for "
-            "the same cell)", vds), *_incomplete(group), *existing_checkpoints(records, goldens)]))
+        block(f"== {version}: all {len(group)} runs together ({ids}; newer runs win for "
+              "the same cell)", judge_records(records), group, records, [])
+    out += _undecided(every, len(runs))
     return "\n\n".join(out), every
+
+
+def _undecided(verdicts: list[Verdict], files: int) -> list[str]:
+    """One summary line per job that no results file decides; one line in all when no job has
+    any evidence."""
+    if not verdicts:
+        return []
+    if not any(v.ran for v in verdicts):
+        return [no_evidence_line(verdicts[0].tier)]
+    decided = {v.job.id for v in verdicts if v.word not in UNDECIDED}
+    lines = []
+    for job_id in dict.fromkeys(v.job.id for v in verdicts):
+        if job_id in decided:
+            continue
+        vds = [v for v in verdicts if v.job.id == job_id]
+        word = INCOMPLETE if any(v.word == INCOMPLETE for v in vds) else NO_EVIDENCE
+        ran = {c for v in vds for c in v.ran}
+        never = [e.cell_id for e in vds[0].evidence if e.cell_id not in ran]
+        why = (f"never run: {', '.join(never)}" if never else
+               "each cell ran somewhere, but no one run or (modelopt, megatron-core) pair holds "
+               "them all")
+        lines.append(f"  {job_id}: {word} in every one of {files} results file(s); {why}; "
+                     f"tier {vds[0].tier} cells run only on a GPU host (docs/gpu-host.md)")
+    return ["\n".join(["== jobs no results file decides", *lines])] if lines else []
 
 
 def _incomplete(runs: list[RunResults]) -> list[str]:
@@ -389,8 +449,8 @@ def cells_to_run() -> list[Cell]:
     return [c for s in scenarios for c in s.cells() if c.id in ids]  # scenario order, once each
 
 
-def main(docs: list[tuple[str, Mapping[str, Any]]]) -> int:
+def main(docs: list[tuple[str, Mapping[str, Any]]], job: str | None = None) -> int:
     """Print the verdicts of ``docs`` (label, results.json); 1 when any job is UNEXPECTED."""
-    text, verdicts = verdict_report(docs)
+    text, verdicts = verdict_report(docs, job)
     print(text)
     return 1 if any(v.unexpected for v in verdicts) else 0

@@ -18,6 +18,7 @@ from harness.check.recipes import recipe_facts
 from harness.check.versions import behaviour_for, installed_modelopt
 from harness.model import modules
 from harness.model.gpt import ModelSize, default_size
+from harness.model.quant import topology_problems
 from harness.model.recipes import Recipe, RecipeError, recipe_problem
 from harness.paths import (GOLDEN_DIR, QUARANTINE_FILE, REPO_ROOT, SCENARIO_DIR, SELECTIONS_FILE,
                            shown_path)
@@ -28,7 +29,7 @@ from harness.tiers import on_cuda
 from harness.topology.topology import Topology, TopologyError
 
 
-def _topologies(raw: list[str], size: ModelSize, key: str, problems: list[str],
+def _topologies(raw: list[str], size: ModelSize, backend: str, key: str, problems: list[str],
                 unique: bool = True) -> tuple[Topology, ...]:
     out, seen = [], {}
     for i, text in enumerate(raw):
@@ -36,6 +37,10 @@ def _topologies(raw: list[str], size: ModelSize, key: str, problems: list[str],
             topo = Topology.parse(text).check(size)
         except TopologyError as exc:
             problems.append(f"{key}[{i}]: {exc}")
+            continue
+        refused = topology_problems(topo, backend)
+        if refused:
+            problems.append(f"{key}[{i}]: topology {topo.id} cannot run: " + "; ".join(refused))
             continue
         if unique and topo in seen:
             problems.append(f"{key}[{i}]: {topo.id} is listed twice (also {key}[{seen[topo]}])")
@@ -102,10 +107,13 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
         raise _Problems("; ".join(problems))
     size = ModelSize(**{**base, **over})
     problems += modules.problems(size, doc.backend)
-    topos = {k: _topologies(getattr(doc, k), size, k, problems) for k in ("saves", "loads")}
+    where = "goldens" if doc.goldens else "model"  # where the size came from
+    problems += [f"{where}: {p}" for p in size.problems()]
+    topos = {k: _topologies(getattr(doc, k), size, doc.backend, k, problems)
+             for k in ("saves", "loads")}
     pairs = []
     for i, pair in enumerate(doc.pairs):
-        got = _topologies(pair, size, f"pairs[{i}]", problems, unique=False)
+        got = _topologies(pair, size, doc.backend, f"pairs[{i}]", problems, unique=False)
         if len(got) == 2:
             pairs.append(got)
     topos["pairs"] = tuple(pairs)

@@ -79,20 +79,35 @@ class Topology:
         if size is None:
             return out
         out += module_problems(self, size)  # the optional modules' rules, below
+        # Each rule is megatron-core 0.19.2's own check (file:line under megatron/core/), so an
+        # impossible (size, topology) is refused here, before any rank starts. Not here: hidden_size
+        # and ffn_hidden_size, which no TP/ETP/EP/PP split divides in this model (no sequence
+        # parallelism, every layer MoE), and rules of the size alone (ModelSize.problems).
+        # moe/moe_layer.py:185 `assert num_moe_experts % ep_size == 0` (BaseMoELayer)
         if size.num_experts % self.ep:
-            out.append(f"num_experts {size.num_experts} is not divisible by ep {self.ep}")
+            out.append(f"num_experts {size.num_experts} is not divisible by ep {self.ep} "
+                       "(each expert-parallel rank holds num_experts/ep experts)")
+        # transformer_config.py:1323 ValueError (TransformerConfig.__post_init__); attention.py:365
+        # divide(num_attention_heads, tp); num_query_groups = heads, so :1338 follows
         if size.num_attention_heads % self.tp:
-            out.append(
-                f"num_attention_heads {size.num_attention_heads} is not divisible by tp {self.tp}"
-            )
+            out.append(f"num_attention_heads {size.num_attention_heads} is not divisible by tp "
+                       f"{self.tp} (each tensor-parallel rank holds num_attention_heads/tp heads)")
+        # tensor_parallel/layers.py:965 divide(output_size, etp) (expert linear_fc1, SequentialMLP)
+        # and :1328 divide(input_size, etp) (linear_fc2); extensions/transformer_engine.py:1010,
+        # :1012 the same for TEGroupedMLP
         if size.moe_ffn_hidden_size % self.etp:
-            out.append(
-                f"moe_ffn_hidden_size {size.moe_ffn_hidden_size} is not divisible by etp {self.etp}"
-            )
+            out.append(f"moe_ffn_hidden_size {size.moe_ffn_hidden_size} is not divisible by etp "
+                       f"{self.etp} (each expert-tensor-parallel rank holds moe_ffn_hidden_size/etp "
+                       "columns of every expert)")
+        # transformer/transformer_block.py:150 `assert num_layers % pipeline_model_parallel_size == 0`
         if size.num_layers % self.pp:
-            out.append(f"num_layers {size.num_layers} is not divisible by pp {self.pp}")
+            out.append(f"num_layers {size.num_layers} is not divisible by pp {self.pp} "
+                       "(each pipeline stage builds num_layers/pp layers)")
+        # tensor_parallel/utils.py:118 divide(global_vocab_size, tp) (VocabParallelEmbedding);
+        # tensor_parallel/layers.py:965 for the output layer
         if size.vocab_size % self.tp:
-            out.append(f"vocab_size {size.vocab_size} is not divisible by tp {self.tp}")
+            out.append(f"vocab_size {size.vocab_size} is not divisible by tp {self.tp} "
+                       "(embedding and output layer split the vocabulary over tp)")
         return out
 
     def check(self, size: "ModelSizeLike | None" = None) -> "Topology":
