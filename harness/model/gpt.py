@@ -57,10 +57,6 @@ class ModelSize:
         return f"ModelSize({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
 
 
-MODULE_FIELDS = ("kind", "hybrid_layer_pattern", "moe_shared_expert_intermediate_size",
-                 "moe_router_score_function", "moe_router_enable_expert_bias", "mtp_num_layers",
-                 "moe_latent_size")
-
     def problems(self) -> list[str]:
         """What megatron-core (0.19.2, file:line under megatron/core/) refuses, or builds other
         than asked, of this size whatever the topology: one line each, checked before any rank
@@ -84,6 +80,11 @@ MODULE_FIELDS = ("kind", "hybrid_layer_pattern", "moe_shared_expert_intermediate
             out.append("moe_router_topk 1 is refused by megatron-core for a softmax router "
                        "without pre-softmax (use 2 or more)")
         return out
+
+
+MODULE_FIELDS = ("kind", "hybrid_layer_pattern", "moe_shared_expert_intermediate_size",
+                 "moe_router_score_function", "moe_router_enable_expert_bias", "mtp_num_layers",
+                 "moe_latent_size")
 
 
 CPU_SIZE = ModelSize()
