@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -120,7 +121,15 @@ def cmd_verdict(args) -> int:
     """Judge the given results.json files, or run the quarantined jobs' cells here first; with
     ``--gate``, one job's verdict as the gate's exit code (harness/report/gate.py)."""
     from harness.report import gate, verdict
+    from harness.report.jobs import QUARANTINE_ENV, ProfileError
 
+    if getattr(args, "quarantine", None):  # every later load_quarantine takes this file
+        os.environ[QUARANTINE_ENV] = args.quarantine
+    try:
+        verdict.load_quarantine()
+    except (OSError, ProfileError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return gate.EXIT_USAGE
     try:
         if args.gate and not args.job:
             known = ", ".join(j.id for j in verdict.load_quarantine().jobs)
@@ -292,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                         "/ NO EVIDENCE / RULE UNKNOWN")
     v.add_argument("--patched", action="store_true",
                    help="with --gate: the job's pipeline applies harness.fix (MOE_CKPT_FIX=1)")
+    v.add_argument("--quarantine", metavar="FILE",
+                   help="the job profiles to judge (default scenarios/quarantine.toml, or "
+                        "$HARNESS_QUARANTINE): a job owner's own shapes, recipe and reload grid")
     v.set_defaults(fn=cmd_verdict)
 
     rep = sub.add_parser("report", help="markdown summary + grid picture of a run")

@@ -12,6 +12,7 @@ import pytest
 
 from harness import cli
 from harness.report import verdict
+from harness.report.jobs import quarantine_path
 from harness.scenario.machine import tier_skip_reason
 
 pytestmark = pytest.mark.cpu
@@ -20,6 +21,16 @@ RUNS = Path(__file__).resolve().parent / "data" / "runs"
 WITNESS = RUNS / "20261202-122731-witness.results.json"
 FIX1 = RUNS / "20261202-122357-fix1.results.json"
 NANO, ULTRA = "nano-30b-a3b-qad", "ultra-550b-a55b-nvfp4-ptq"
+
+
+# The committed runs quantized with NVFP4_DEFAULT_CFG on a plain GPT: they are judged on that
+# profile (the jobs' own profiles, scenarios/quarantine.toml, need the recipe runs).
+BASELINE = Path(__file__).resolve().parent / "data" / "quarantine-nvfp4-default.toml"
+
+
+@pytest.fixture(autouse=True)
+def baseline_profiles(monkeypatch):
+    monkeypatch.setenv("HARNESS_QUARANTINE", str(BASELINE))
 
 
 def _by_job(verdicts) -> dict:
@@ -34,7 +45,8 @@ def _evidence_ids(job_id: str) -> tuple[list, list]:
     q = verdict.load_quarantine()
     by_name = {s.name: s for s in verdict.load_all()}
     job = next(j for j in q.jobs if j.id == job_id)
-    return (verdict.job_cells(job, by_name[q.witness]), verdict.job_cells(job, by_name[q.fix]))
+    return (verdict.job_cells(job, by_name[job.profile.witness]),
+            verdict.job_cells(job, by_name[job.profile.fix]))
 
 
 def test_quarantine_file_names_both_jobs_with_shapes():
@@ -191,10 +203,13 @@ def _gate_cell_ids(job_id: str) -> list[str]:
     quarantine.toml, as the scenarios name cells."""
     import tomllib
 
-    q = tomllib.loads(verdict.QUARANTINE.read_text())
+    q = tomllib.loads(quarantine_path().read_text())
     job = next(j for j in q["jobs"] if j["id"] == job_id)
-    save, load = (verdict.Topology.parse(job[k]).id for k in ("save", "load"))
-    return [f"{name}[save={save},{tail}]" for name in (q["witness_scenario"], q["fix_scenario"])
+    save = verdict.Topology.parse(job["save"]).id
+    (load,) = (verdict.Topology.parse(t).id for t in job["profile"]["loads"])
+    profile = job["profile"]
+    return [f"{name}[save={save},{tail}]"
+            for name in (profile["witness_scenario"], profile["fix_scenario"])
             for tail in ("save-only", f"load={load}")]
 
 
@@ -259,7 +274,7 @@ def test_gate_usage_errors_are_exit_2_and_name_the_known_jobs():
 
     from tests.test_gitlab_ci_local_install import bounded
 
-    known = [j["id"] for j in tomllib.loads(verdict.QUARANTINE.read_text())["jobs"]]
+    known = [j["id"] for j in tomllib.loads(quarantine_path().read_text())["jobs"]]
     base = [sys.executable, "-W", "ignore", "-m", "harness", "verdict", "--results", str(WITNESS)]
     for extra, says in (
             (["--job", "nemotron-4", "--gate"], "unknown job 'nemotron-4'; known jobs: " + ", ".join(known)),

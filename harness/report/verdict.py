@@ -25,20 +25,17 @@ is one summary line, not a block per file. ``--job ID --gate``: harness/report/g
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from harness.check.results_file import INCOMPLETE_LINE, read_results
 from harness.report.summary import cause
-from harness.paths import QUARANTINE_FILE
+from harness.report.jobs import QUARANTINE, Job, Quarantine, job_cells, load_quarantine  # noqa: F401
 from harness.records import CellRecord, Outcome, RunResults
 from harness.scenario.cells import Cell, Scenario
 from harness.scenario.scenarios import load_all
 from harness.topology.topology import Topology
-
-QUARANTINE = QUARANTINE_FILE
 
 SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
 INCOMPLETE, NO_EVIDENCE, UNEXPECTED = "INCOMPLETE", "NO EVIDENCE", "UNEXPECTED FAILURE"
@@ -46,55 +43,6 @@ NO_RULE = "RULE UNKNOWN"  # the (modelopt, megatron-core) pair has no rule: noth
 UNDECIDED = (INCOMPLETE, NO_EVIDENCE)  # summarised once per job, not once per results file
 # A committed run that decides both jobs: what the no-evidence line tells a reader to judge.
 COMMITTED_EXAMPLE = "tests/data/runs/20261204-023144-repro-gpu-new.results.json"
-
-
-@dataclass(frozen=True)
-class Job:
-    id: str
-    name: str
-    pipeline: str
-    issue: str
-    review_by: str
-    failing_stage: str
-    save: Topology
-    load: Topology
-    production: str
-    assumption: str
-
-
-@dataclass(frozen=True)
-class Quarantine:
-    jobs: tuple[Job, ...]
-    witness: str  # scenario names
-    fix: str
-    goldens: str = ""  # the goldens loaded unpatched (existing checkpoints)
-
-
-def load_quarantine(path: Path = QUARANTINE) -> Quarantine:
-    data = tomllib.loads(path.read_text())
-    jobs = tuple(
-        Job(
-            id=j["id"], name=j["name"], pipeline=j["pipeline"], issue=j["issue"],
-            review_by=str(j["review_by"]), failing_stage=j["failing_stage"],
-            save=Topology.parse(j["save"]), load=Topology.parse(j["load"]),
-            production=f"{j['production_save']} -> {j['production_load']}",
-            assumption=" ".join(j.get("assumption", "").split()),
-        )
-        for j in data["jobs"]
-    )
-    return Quarantine(jobs, data["witness_scenario"], data["fix_scenario"],
-                      data.get("goldens_scenario", ""))
-
-
-def job_cells(job: Job, scenario: Scenario) -> list[Cell]:
-    """The scenario's save-only cell at the job's save and its save -> load cell."""
-    cells = [c for c in scenario.cells() if c.save.id == job.save.id
-             and (c.load is None or c.load.id == job.load.id)]
-    if not any(c.load is not None for c in cells):
-        raise ValueError(f"scenario {scenario.name} has no cell save={job.save.id} -> "
-                         f"load={job.load.id} for job {job.id}; add the topologies to "
-                         f"{Path(scenario.source).name}")
-    return cells
 
 
 @dataclass
@@ -237,9 +185,11 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
         return v(UNEXPECTED, f"{len(bad)} evidence cell(s) failed unexpectedly: {', '.join(bad)}")
     unruled = [e.cell_id for e in evidence if e.outcome == Outcome.RULE_UNKNOWN]
     if unruled:
-        pair = next((pair_of(r) for _, _, r in rows if r and r.outcome == Outcome.RULE_UNKNOWN), "?")
-        return v(NO_RULE, f"no rule for the pair {pair} (harness/check/versions.py): "
-                          f"{len(unruled)} evidence cell(s) ran without a prediction")
+        first = next(r for _, _, r in rows if r and r.outcome == Outcome.RULE_UNKNOWN)
+        why = (first.notice or "").strip() or (f"no rule for the pair {pair_of(first)} "
+                                                "(harness/check/versions.py)")
+        return v(NO_RULE, f"{len(unruled)} evidence cell(s) ran without a prediction "
+                          f"({', '.join(unruled)}): {why}")
     present = [r for _, _, r in rows if r]
     if present and not ran("witness") and not ran("fix"):
         reason = next((r.reason for r in present if r.reason), "") or ""
@@ -252,7 +202,7 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     if w and complete("witness") and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS) for o in w):
         how = ("the bug no longer reproduces (this version was expected to fail)"
                if Outcome.UNEXPECTED_PASS in w else "this version's own rules expect it to pass, and it does")
-        return v(SAFE, f"fixed upstream: unpatched, save {job.save.id} / load {job.load.id} "
+        return v(SAFE, f"fixed upstream: unpatched, save {job.save.id} / loads {len(job.profile.loads)} "
                        f"pass: {how}")
     if complete("fix") and all(o == Outcome.PASS for o in f):
         unpatched = ("unpatched the witness still reproduces the bug (BLOCKED without the patch)"
@@ -272,7 +222,8 @@ def judge_records(records: Mapping[str, Record], quarantine: Quarantine | None =
                   scenarios: list[Scenario] | None = None) -> list[Verdict]:
     q = quarantine or load_quarantine()
     by_name = {s.name: s for s in (scenarios or load_all())}
-    return [judge(j, job_cells(j, by_name[q.witness]), job_cells(j, by_name[q.fix]), records)
+    return [judge(j, job_cells(j, by_name[j.profile.witness]), job_cells(j, by_name[j.profile.fix]),
+                  records)
             for j in q.jobs]
 
 
@@ -323,8 +274,12 @@ def format_verdicts(title: str, verdicts: list[Verdict]) -> str:
         j = vd.job
         lines.append(f"  {j.id}: {vd.word} - {vd.detail}")
         lines.append(f"    {j.name}; pipeline {j.pipeline}; issue {j.issue}; review by {j.review_by}")
+        grid = ", ".join(t.id for t in j.profile.loads)
         lines.append(f"    shapes: save {j.save.id} -> load {j.load.id} (production {j.production}, "
-                     f"see assumption in scenarios/quarantine.toml); tier {vd.tier}")
+                     f"see assumption in scenarios/quarantine.toml); reload grid {grid}; tier {vd.tier}")
+        lines.append(f"    recipe: {j.profile.recipe}; modules: {j.profile.modules}")
+        if j.profile.not_modelled:
+            lines.append(f"    not modelled: {j.profile.not_modelled}")
         for e in vd.evidence:
             lines.append(f"      [{e.role}] {e.cell_id}: {e.outcome}" + (f"  ({e.note})" if e.note else ""))
     return "\n".join(lines)
@@ -445,7 +400,8 @@ def cells_to_run() -> list[Cell]:
     """The witness and fix cells of every quarantined job: what a verdict needs run."""
     q, scenarios = load_quarantine(), load_all()
     by_name = {s.name: s for s in scenarios}
-    ids = {c.id for j in q.jobs for name in (q.witness, q.fix) for c in job_cells(j, by_name[name])}
+    ids = {c.id for j in q.jobs for name in (j.profile.witness, j.profile.fix)
+           for c in job_cells(j, by_name[name])}
     return [c for s in scenarios for c in s.cells() if c.id in ids]  # scenario order, once each
 
 
