@@ -1,0 +1,67 @@
+"""What the committed GPU evidence covers: which of the jobs' recipes and modules have run.
+
+Why: a verdict is only true for what ran. The README's "Not covered yet" list must say which
+recipe or module has no committed GPU run, and tests/test_coverage.py keeps that list equal to
+what this module reads from tests/data/runs/: a recipe or module that gains evidence must leave
+the list, and a new one without evidence must join it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.check.recipes import KNOWN_RECIPES
+from harness.model.recipes import Recipe
+from harness.paths import REPO_ROOT
+
+RUNS_DIR = REPO_ROOT / "tests" / "data" / "runs"
+RAN = ("pass", "bug-reproduced", "unexpected-failure", "unexpected-pass", "rule-unknown")
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str  # as the README lists it
+    covered_by: tuple[str, ...]  # committed results files with a GPU cell that ran it
+
+
+# The jobs' modules (harness/model/modules.py), each with what shows it on in a scenario's size.
+MODULES = {
+    "shared experts": lambda s: bool(s.moe_shared_expert_intermediate_size),
+    "sigmoid router with expert bias": lambda s: s.moe_router_enable_expert_bias,
+    "MTP layers": lambda s: bool(s.mtp_num_layers),
+    "latent MoE projections": lambda s: bool(s.moe_latent_size),
+    "hybrid Mamba + MoE model": lambda s: s.kind == "hybrid",
+}
+
+
+def _ran_cells(runs_dir: Path):
+    from harness.check.results_file import read_results
+    from harness.records import RunResults
+    from harness.tiers import on_cuda
+
+    for path in sorted(runs_dir.glob("*.results.json")):
+        for rec in RunResults.of(read_results(path)).cells:
+            if rec.outcome in RAN and on_cuda(rec.tier or "gpu-shared"):
+                yield path.name, rec
+
+
+def coverage(runs_dir: Path = RUNS_DIR) -> list[Item]:
+    """Every known recipe and every module, with the committed runs that ran it on a GPU tier."""
+    from harness.scenario.scenarios import load_all
+
+    sizes = {s.name: s.size for s in load_all()}
+    recipes: dict[str, set[str]] = {ref: set() for ref in KNOWN_RECIPES}
+    modules: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name, rec in _ran_cells(runs_dir):
+        recipes.setdefault(rec.recipe_ref, set()).add(name)
+        size = sizes.get(rec.scenario)
+        for module, on in MODULES.items():
+            if size is not None and on(size):
+                modules[module].add(name)
+    return ([Item(f"recipe {Recipe.parse(ref).label}", tuple(sorted(v))) for ref, v in recipes.items()]
+            + [Item(name, tuple(sorted(v))) for name, v in modules.items()])
+
+
+def not_covered(runs_dir: Path = RUNS_DIR) -> list[str]:
+    """The README's "Not covered yet" list, in its order."""
+    return [i.name for i in coverage(runs_dir) if not i.covered_by]

@@ -1,0 +1,49 @@
+"""The README's "Not covered yet" list is what the committed GPU runs leave uncovered
+(harness/report/coverage.py reads tests/data/runs/): a recipe or module that gains a committed
+run must leave the list, a known one without a run must be on it."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from harness.check.recipes import KNOWN_RECIPES
+from harness.paths import REPO_ROOT
+from harness.report.coverage import MODULES, coverage, not_covered
+
+pytestmark = pytest.mark.cpu
+
+
+def _readme_list() -> list[str]:
+    text = (REPO_ROOT / "README.md").read_text()
+    section = re.search(r"^### Not covered yet\n(.*?)(?=^#)", text, re.S | re.M)
+    assert section, "README.md has no '### Not covered yet' section"
+    return [line[2:].strip() for line in section.group(1).splitlines() if line.startswith("- ")]
+
+
+def test_the_readme_lists_exactly_what_has_no_committed_gpu_run():
+    assert _readme_list() == not_covered()
+
+
+def test_every_known_recipe_and_module_is_accounted_for():
+    names = {i.name for i in coverage()}
+    assert len(names) == len(KNOWN_RECIPES) + len(MODULES)
+
+
+def test_a_recipe_with_a_committed_run_leaves_the_list(tmp_path):
+    """A results file with one GPU cell of the Super recipe that ran: covered; skipped: not."""
+    import json
+
+    from harness.check.recipes import SUPER_MSE
+
+    def write(outcome):
+        doc = {"run_id": "t", "created": "now", "versions": {}, "tier": "gpu-shared", "cells": [
+            {"scenario": "gpu-super-recipe-witness", "cell_id": "c", "tier": "gpu-shared",
+             "backend": "te", "save_topology": "tp1-etp1-ep4-pp1", "load_topology": None,
+             "patch": "none", "expected": "pass", "outcome": outcome, "recipe": SUPER_MSE}]}
+        (tmp_path / "x.results.json").write_text(json.dumps(doc))
+
+    write("skipped")
+    assert "recipe nvfp4-mse" in not_covered(tmp_path)
+    write("pass")
+    assert "recipe nvfp4-mse" not in not_covered(tmp_path)
