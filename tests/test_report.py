@@ -96,3 +96,27 @@ def test_progress_line():
     assert progress_line(12, 40, 2, 65.3) == "[12/40  30%] 2 failed, 1m05s elapsed, ~2m32s left"
     assert progress_line(0, 8, 0, 3.0) == "[0/8   0%] 0 failed, 0m03s elapsed, estimating"
     assert progress_line(8, 8, 1, 3725.0) == "[8/8 100%] 1 failed, 1h02m05s elapsed, done"
+
+
+@pytest.mark.parametrize("cells", [1, 3, 30])
+def test_the_grid_picture_keeps_every_text_inside(results, cells):
+    """Title, legend, ticks and squares lie inside the figure at any grid size and tier: nothing
+    is clipped off the PNG (the cpu picture used to lose its title and legend on both sides)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from harness.report.summary import grid_figure, outside_figure
+
+    doc = dict(results)
+    base = results["cells"]
+    doc["cells"] = [dict(base[i % len(base)], save_topology=f"tp1-etp1-ep{1 + i % 7}-pp1",
+                         load_topology=f"tp{1 + i % 3}-etp1-ep2-pp1") for i in range(cells)]
+    doc["versions"] = {**doc.get("versions", {}), "a-long-package-name": "1.2.3" * 8}
+    fig = grid_figure(doc)
+    fig.canvas.draw()
+    try:
+        assert outside_figure(fig) == []
+    finally:
+        plt.close(fig)

@@ -179,7 +179,32 @@ def _panels(cells: Iterable[CellRecord]) -> dict[tuple[str, str, str], list[Cell
 
 
 def write_grid_png(results: Mapping[str, Any], path: str) -> None:
-    """Heatmap, rows = save topology, columns = load topology, one panel per (tier, patch).
+    """The grid picture (``grid_figure``) as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = grid_figure(results)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def outside_figure(fig) -> list[str]:
+    """Every visible text of the figure that does not lie inside it (clipped in the PNG)."""
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    out = []
+    for t in fig.findobj(Text):
+        if not t.get_visible() or not t.get_text().strip():
+            continue
+        e = t.get_window_extent(renderer)
+        if e.x0 < box.x0 - 1 or e.y0 < box.y0 - 1 or e.x1 > box.x1 + 1 or e.y1 > box.y1 + 1:
+            out.append(t.get_text())
+    return out
+
+
+def grid_figure(results: Mapping[str, Any]):
+    """Heatmap, rows = save topology, columns = load topology, one panel per (tier, patch, recipe).
 
     Each square is coloured by its category and also carries a word (PASS, BUG, FAIL, BLOCK,
     SKIP), so it reads in grey print and for colour-blind readers; a square with several records
@@ -239,13 +264,23 @@ def write_grid_png(results: Mapping[str, Any], path: str) -> None:
         ax.set_xlabel("load topology")
         ax.set_ylabel("save topology")
         ax.set_title(f"tier {tier}, patch {patch}\nrecipe {recipe}", fontsize=10)
+    import textwrap
+
     versions = _versions_line(run.versions)
-    fig.suptitle(f"run {run.run_id}  ({versions})", fontsize=9)
+    width_in = fig.get_size_inches()[0]
+    # about 12 characters an inch at 9 pt: the title wraps instead of running off both sides
+    title = textwrap.fill(f"run {run.run_id}  ({versions})", width=int(width_in * 12))
+    fig.suptitle(title, fontsize=9)
+    ncol = max(1, min(len(CATEGORIES), int(width_in // 4.5)))  # a legend entry is ~4 in wide
     fig.legend(handles=[Patch(color=c[3], label=c[1]) for c in CATEGORIES], loc="lower center",
-               ncol=len(CATEGORIES), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+               ncol=ncol, fontsize=8, frameon=False)
+    legend_rows = -(-len(CATEGORIES) // ncol)
+    title_lines = title.count("\n") + 1
+    fig.set_size_inches(width_in, fig.get_size_inches()[1] + 0.18 * (legend_rows + title_lines))
+    height_in = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, (0.2 * legend_rows + 0.1) / height_in, 1,
+                           1 - (0.17 * title_lines + 0.1) / height_in))
+    return fig
 
 
 def _clock(seconds: float) -> str:

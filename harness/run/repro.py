@@ -166,5 +166,38 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
     if doc.get("incomplete"):
         print(f"\nrepro interrupted ({doc['interrupted_by']}) after {time.monotonic() - start:.0f} s")
     else:
+        _what_it_means(doc, results_root, use_gpu)
         print(f"\nrepro finished in {time.monotonic() - start:.0f} s")
     return exit_code(doc)
+
+
+def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
+    """The run's picture and report written, then what the evidence says and what to do next."""
+    from harness.records import Outcome, RunResults
+    from harness.report.summary import write_report
+
+    run_dir = results_root / doc["run_id"]
+    try:
+        write_report(run_dir / "results.json")
+        picture = f"{run_dir / 'grid.png'} (report: {run_dir / 'summary.md'})"
+    except Exception as exc:  # noqa: BLE001  (the picture must not hide the evidence)
+        picture = f"not written ({type(exc).__name__}: {exc})"
+    bugs = [c for c in RunResults.of(doc).cells if c.outcome == Outcome.BUG_REPRODUCED]
+    print("\n== what this means")
+    if bugs:
+        c = bugs[0]
+        print(f"   the collision reproduced: {c.cell_id}: {c.exception_type}: "
+              f"{(c.message or '').splitlines()[0][:120]}")
+    elif not on_gpu:
+        print("   the collision: megatron-core's real validation above refuses the per-expert amax "
+              "whenever TP != ETP with ModelOpt 0.47.0's replica ids; the cpu grid reshards at "
+              "TP = ETP = 1 and passes")
+    print(f"   picture: {picture}")
+    print("   next steps:")
+    print("   - the fix, with no code change: MOE_CKPT_FIX=1 PYTHONPATH=<repo>/harness/fix/autoload "
+          "(README, 'Using the fix'); or nvidia-modelopt 0.48.0rc1, which fixes both bugs on the "
+          "baseline recipe (README, 'Not covered yet' for the jobs' own recipes)")
+    print("   - your own checkpoint: python -m harness inspect <ckpt>  (layout, amax kind, what "
+          "each (modelopt, megatron-core) pair does with it); python -m harness repair SRC DST")
+    print("   - your job's verdict: python -m harness verdict --job <id> --gate --results "
+          "<results.json>  (job profiles: scenarios/quarantine.toml)")
