@@ -78,7 +78,7 @@ def _judged(verify: dict) -> CellRecord:
     rec = CellRecord(scenario=cell.scenario.name, cell_id=cell.id, tier="gpu-shared", backend="te",
                      save_topology=cell.save.id, load_topology=cell.load.id, patch="none",
                      expected="", modelopt="0.48.0rc1")
-    return judge.judge_cell(rec, cell, *_stages(verify))
+    return judge.judge_cell(rec, cell.plan, *_stages(verify))
 
 
 def test_issue_25_cell_passes_on_its_bit_exact_state():
@@ -117,7 +117,7 @@ def test_run_cell_judges_once(tmp_path, monkeypatch):
 
 def test_rejudge_reads_a_record_back_to_the_same_outcome():
     rec = _judged(_verify(0.01)).as_dict()
-    again = judge.rejudge_record(rec, _cell())
+    again = judge.rejudge_record(rec, _cell().plan)
     assert again["outcome"] == rec["outcome"] == "unexpected-failure"
     assert again["message"] == rec["message"]
 

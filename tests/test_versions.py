@@ -156,21 +156,21 @@ def test_the_ranks_version_decides_the_expectation():
     """Judged by the nvidia-modelopt the stage's ranks imported, not the controller's."""
     cell = _cell("gpu-witness", WITNESS_SAVE)
     rec = new_record(cell)
-    under_version(rec, cell, _ran("0.48.0rc1"))
+    under_version(rec, cell.plan, _ran("0.48.0rc1"))
     assert (rec.modelopt, rec.mcore, rec.expectations, rec.expected, rec.notice) == (
         "0.48.0rc1", "0.19.2", "0.48.0rc1 + mcore 0.16.x|0.19.2", "pass", None)
-    under_version(rec, cell, _ran("0.49.0"))
+    under_version(rec, cell.plan, _ran("0.49.0"))
     assert rec.expected == "rule-unknown" and "0.49.0" in rec.notice
-    under_version(rec, cell, StageResult(stage="save", ok=True, wall_s=1.0, environment={
+    under_version(rec, cell.plan, StageResult(stage="save", ok=True, wall_s=1.0, environment={
         "nvidia-modelopt": "0.48.0rc1", "megatron-core": "0.15.3"}))
     assert (rec.mcore, rec.expected) == ("0.15.3", "fail-save")
 
 
 def test_the_fix_is_skipped_with_the_reason_where_it_does_not_apply():
     cell = _cell("gpu-fix", "gpu-fix[save=tp2-etp1-ep2-pp1,save-only]")
-    reason = version_skip_reason(cell, V.behaviour_for("0.48.0rc1"), "0.48.0rc1")
+    reason = version_skip_reason(cell.plan, V.behaviour_for("0.48.0rc1"), "0.48.0rc1")
     assert "0.47.0 only" in reason and "0.48.0rc1 is" in reason and "megatron-core" in reason
-    assert version_skip_reason(cell, V.behaviour_for("0.47.0"), "0.47.0") is None
+    assert version_skip_reason(cell.plan, V.behaviour_for("0.47.0"), "0.47.0") is None
 
 
 def test_a_plugin_that_needs_te_is_a_skip_reason_on_cpu(monkeypatch):
@@ -178,9 +178,9 @@ def test_a_plugin_that_needs_te_is_a_skip_reason_on_cpu(monkeypatch):
     V.plugin_problem.cache_clear()
     try:
         cell = _cell("cpu-reshard", "cpu-reshard[save=tp1-etp1-ep2-pp1,save-only]")
-        reason = version_skip_reason(cell, V.behaviour_for("0.48.0rc1"), "0.48.0rc1")
+        reason = version_skip_reason(cell.plan, V.behaviour_for("0.48.0rc1"), "0.48.0rc1")
         assert "megatron quantization plugin needs" in reason and "Transformer Engine" in reason
-        assert version_skip_reason(cell, V.behaviour_for("0.47.0"), "0.47.0") is None
+        assert version_skip_reason(cell.plan, V.behaviour_for("0.47.0"), "0.47.0") is None
     finally:
         V.plugin_problem.cache_clear()
 

@@ -15,10 +15,12 @@ from typing import Mapping
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
 from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, topology_finding
 from harness.check import versions
+from harness.check.expectation import expected
+from harness.check.plan import CellPlan
 from harness.check.recipes import recipe_facts
 from harness.check.versions import installed_mcore, plugin_problem
 from harness.records import CauseKind, CellRecord, Expected, Outcome, StageCause, StageResult
-from harness.tiers import Backend, on_cuda
+from harness.tiers import on_cuda
 
 
 def rules_for(modelopt: str | None, mcore: str | None = None):
@@ -27,7 +29,7 @@ def rules_for(modelopt: str | None, mcore: str | None = None):
     return versions.rules_for(modelopt, mcore or installed_mcore())
 
 
-def judge_cell(rec: CellRecord, cell, save: StageResult | None, load: StageResult | None,
+def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: StageResult | None,
                stopped: str | None = None) -> CellRecord:
     """The cell's outcome from what ran: ``save`` (None: not run), ``load`` (None: not run or a
     save-only cell) and ``stopped`` (the signal that stopped the controller before the save).
@@ -55,7 +57,7 @@ def judge_cell(rec: CellRecord, cell, save: StageResult | None, load: StageResul
     elif load.interrupted:
         interrupted(rec, load, load.interrupted)
     else:
-        _load(rec, load, cell.scenario.known_gaps)
+        _load(rec, load, cell.known_gaps)
         rec.finding = topology_finding(rec.verify)
     settle_unknown(rec)
     return rec
@@ -99,31 +101,31 @@ def is_amax_refusal(cause: StageCause | None) -> bool:
 REFUSALS = (BUG_EXCEPTION, "CheckpointException")
 
 
-def version_skip_reason(cell, behaviour, modelopt: str | None, mcore: str | None = None) -> str | None:
+def version_skip_reason(cell: CellPlan, behaviour, modelopt: str | None,
+                        mcore: str | None = None) -> str | None:
     """Why the pair (default megatron-core: the installed one) cannot run this cell meaningfully,
     or None."""
     mcore = mcore or installed_mcore()
-    s = cell.scenario
-    if s.patch == "fix" and not behaviour.fix_applies:
+    if cell.patch == "fix" and not behaviour.fix_applies:
         from harness.fix import SUPPORTED_MCORE_VERSIONS, SUPPORTED_MODELOPT_VERSION
 
         return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only, "
                 f"with megatron-core {'/'.join(SUPPORTED_MCORE_VERSIONS)}; {modelopt} is "
                 f"installed with megatron-core {mcore} (a fixed release needs no "
                 "patch: see the unpatched scenarios)")
-    if not on_cuda(s.tier) and (behaviour.plugin_needs_te or not behaviour.known):
+    if not on_cuda(cell.tier) and (behaviour.plugin_needs_te or not behaviour.known):
         return plugin_problem()
     if cell.golden:  # a golden in a torch_dist format this megatron-core cannot read
         from harness.paths import shown_path
 
-        ckpt = s.golden_root / cell.golden / "ckpt"
+        ckpt = cell.golden_ckpt
         problem = versions.common_pt_problem(ckpt, mcore, shown=shown_path(ckpt))
         if problem:
             return f"golden not loadable here: {problem}"
     return None
 
 
-def under_version(rec: CellRecord, cell, stage: StageResult | None) -> None:
+def under_version(rec: CellRecord, cell: CellPlan, stage: StageResult | None) -> None:
     """Expectations of the nvidia-modelopt the stage's ranks imported (the controller's until a
     stage has reported)."""
     env = stage.environment if stage else {}
@@ -132,7 +134,7 @@ def under_version(rec: CellRecord, cell, stage: StageResult | None) -> None:
     behaviour = rules_for(rec.modelopt, rec.mcore)
     rec.expectations = behaviour.label
     rec.notice = behaviour.notice(rec.modelopt, rec.mcore)
-    rec.expected = cell.expected_under(behaviour)
+    rec.expected = expected(cell, behaviour)
     if stage is not None and stage.stage == "save" and stage.rank0.get("amax_kinds") is not None:
         rec.amax_kinds = stage.rank0["amax_kinds"]
     if rec.notice is None and behaviour.known:
@@ -141,7 +143,7 @@ def under_version(rec: CellRecord, cell, stage: StageResult | None) -> None:
             rec.expected = Expected.RULE_UNKNOWN
 
 
-def recipe_notice(rec: CellRecord, cell, behaviour) -> str | None:
+def recipe_notice(rec: CellRecord, cell: CellPlan, behaviour) -> str | None:
     """Why the cell's recipe leaves it without a rule under a known pair, or None: a recipe the
     catalogue does not know, a save that made other amax kinds than the catalogue says, an amax
     kind the pair has no rule for, or an expert-TP change that kind has no rule for."""
@@ -157,9 +159,9 @@ def recipe_notice(rec: CellRecord, cell, behaviour) -> str | None:
     if kind is None:
         return (f"recipe {ref}: no rule for expert amax kind {facts.expert_kind!r} under "
                 f"{behaviour.label} (harness/check/versions.py)")
-    load = getattr(cell, "load", None)
+    load = cell.load
     if load is not None and kind.etp_change is None and load.etp != cell.save.etp \
-            and cell.expected_under(behaviour) == Expected.RULE_UNKNOWN:
+            and expected(cell, behaviour) == Expected.RULE_UNKNOWN:
         return (f"recipe {ref}: expert amax kind {facts.expert_kind!r} loaded at another expert "
                 f"TP (etp{cell.save.etp} -> etp{load.etp}): no rule under {behaviour.label} "
                 "(harness/check/versions.py KindRule.etp_change); what ran is recorded")
@@ -328,7 +330,7 @@ _OUTCOME_FIELDS = ("outcome", "failed_stage", "exception_type", "message", "fail
                    "first_failure_rank", "secondary_errors", "reason", "finding")
 
 
-def stages_from_record(rec: CellRecord, cell) -> tuple[StageResult | None, StageResult | None, str | None]:
+def stages_from_record(rec: CellRecord, cell: CellPlan) -> tuple[StageResult | None, StageResult | None, str | None]:
     """(save, load, stopped) as the record's stages reported them, from what it kept: the first
     failure's type, message, key and rank; rank 0's verify figures; the versions the ranks
     imported. Enough for ``judge_cell`` to judge it again."""
@@ -355,7 +357,7 @@ def stages_from_record(rec: CellRecord, cell) -> tuple[StageResult | None, Stage
         return stage("save", True), stage("load", False, interrupted=signal), None
     if outcome == Outcome.SKIPPED:
         return None, None, None
-    save_name = "golden" if getattr(cell, "golden", "") else "save"
+    save_name = "golden" if cell.golden else "save"
     if failed in ("save", "golden") or outcome == Outcome.BLOCKED:
         return failure(save_name), None, None
     if cell.load is None:
@@ -365,20 +367,20 @@ def stages_from_record(rec: CellRecord, cell) -> tuple[StageResult | None, Stage
     return stage(save_name, True), stage("load", True, rank_results={"0": {"verify": rec.verify}}), None
 
 
-def rejudge_record(rec: CellRecord | Mapping, cell) -> dict:
+def rejudge_record(rec: CellRecord | Mapping, cell: CellPlan | None) -> dict:
     """``rec`` (a results.json cell) judged again by ``judge_cell`` under today's rules.
 
-    ``cell``: the scenario cell it was recorded for (its expectation and known gaps), or None
-    when no scenario has it any more: then its recorded expectation stands."""
+    ``cell``: the plan of the scenario cell it was recorded for (its expectation and known
+    gaps), or None when no scenario has it any more: then the record is its own plan and its
+    recorded expectation stands."""
     raw = rec.as_dict() if isinstance(rec, CellRecord) else dict(rec)
     rec = CellRecord.of(rec)
-    facts = _RecordedCell(rec) if cell is None else cell
+    facts = CellPlan.of_record(rec) if cell is None else cell
     if not _rejudgeable(rec, facts):
         return raw  # it kept none of what it was judged from: the record stands
-    sc = facts.scenario
-    known = {"scenario": sc.name, "cell_id": facts.id, "tier": sc.tier,
-             "backend": getattr(sc, "backend", Backend.TE), "save_topology": facts.save.id,
-             "load_topology": facts.load.id if facts.load else None, "patch": sc.patch,
+    known = {"scenario": facts.scenario, "cell_id": facts.id, "tier": facts.tier,
+             "backend": facts.backend, "save_topology": facts.save.id,
+             "load_topology": facts.load.id if facts.load else None, "patch": facts.patch,
              "expected": rec.expected}
     kept = {f.name: getattr(rec, f.name) for f in fields(CellRecord)
             if f.name not in _OUTCOME_FIELDS and f.name in raw}
@@ -396,7 +398,7 @@ def rejudge_record(rec: CellRecord | Mapping, cell) -> dict:
     return out
 
 
-def _rejudgeable(rec: CellRecord, cell) -> bool:
+def _rejudgeable(rec: CellRecord, cell: CellPlan) -> bool:
     """Whether the record kept what its outcome was decided from: a load that ran its verify
     figures, a failure its failed stage (hand-written or truncated records may keep neither)."""
     outcome = rec.outcome
@@ -405,24 +407,3 @@ def _rejudgeable(rec: CellRecord, cell) -> bool:
     if rec.failed_stage == "verify" or (outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) and cell.load):
         return bool(rec.verify)
     return outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) or bool(rec.failed_stage)
-
-
-class _RecordedCell:
-    """A recorded cell no scenario holds now: its own record stands in for the scenario."""
-
-    def __init__(self, rec: CellRecord):
-        from harness.topology.topology import Topology
-
-        self.id, self.golden, self._expected = rec.cell_id, "", rec.expected or Expected.PASS
-        self.save = Topology.parse(rec.save_topology)
-        self.load = Topology.parse(rec.load_topology) if rec.load_topology else None
-        self.scenario = _RecordedScenario(rec)
-
-    def expected_under(self, _behaviour) -> str:
-        return self._expected
-
-
-class _RecordedScenario:
-    def __init__(self, rec: CellRecord):
-        self.name, self.tier, self.patch, self.known_gaps = rec.scenario, rec.tier, rec.patch, ()
-        self.backend = rec.backend

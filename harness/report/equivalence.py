@@ -63,7 +63,8 @@ def rejudged_doc(doc: dict, cells: dict | None = None) -> dict:
 
         cells = {c.id: c for s in load_all() for c in s.cells()}
     records = doc_records(doc)
-    return {**doc, "cells": [rejudge_record(r, cells.get(cid)) for cid, r in records.items()]}
+    return {**doc, "cells": [rejudge_record(r, cells[cid].plan if cid in cells else None)
+                             for cid, r in records.items()]}
 
 
 def outcome_changes(doc: dict, cells: dict | None = None) -> list[tuple[str, str, str, str]]:

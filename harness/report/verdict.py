@@ -125,7 +125,7 @@ def rejudged(cell: Cell, rec: Record | None) -> tuple[CellRecord | None, str]:
     rec = CellRecord.of(rec)
     if rec.outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED):
         return rec, ""
-    new = CellRecord.from_json(rejudge_record(with_pair(rec), cell))
+    new = CellRecord.from_json(rejudge_record(with_pair(rec), cell.plan))
     if new.outcome == rec.outcome:
         return new, ""
     return new, (f"recorded as {rec.outcome}; re-judged {new.outcome} under the current rules: "

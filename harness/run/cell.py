@@ -127,7 +127,7 @@ def new_record(cell: Cell) -> CellRecord:
         patch=s.patch, expected="", modelopt=installed_modelopt(), stage_mode=stage_mode(s.tier),
         recipe=s.recipe,
     )
-    judge.under_version(rec, cell, None)
+    judge.under_version(rec, cell.plan, None)
     return rec
 
 
@@ -137,7 +137,7 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     rec = new_record(cell)
     save = load = None
     stopped = shutdown_signal()
-    if not stopped and not judge.version_skip_reason(cell, judge.rules_for(rec.modelopt, rec.mcore),
+    if not stopped and not judge.version_skip_reason(cell.plan, judge.rules_for(rec.modelopt, rec.mcore),
                                                   rec.modelopt, rec.mcore):
         save = run_save(cell, run_dir)
         _note_stage(rec, "save", save)
@@ -145,7 +145,7 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
             load_dir = run_dir / "cells" / safe_name(cell.id) / "load"
             load = _launch(_spec(cell, "load", cell.load, save_dir_of(cell, run_dir)), load_dir, cell)
             _note_stage(rec, "load", load)
-    judge.judge_cell(rec, cell, save, load, stopped)
+    judge.judge_cell(rec, cell.plan, save, load, stopped)
     return _finish(rec, cell, run_dir)
 
 

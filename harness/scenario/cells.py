@@ -1,35 +1,22 @@
-"""Scenarios -> cells (one save topology, optionally one load topology), and what each cell is
-expected to do under the rule of a (ModelOpt, megatron-core) pair.
+"""Scenarios -> cells (one save topology, optionally one load topology), each planned once into
+the facts its expectation and its judging read (harness/check/plan.py ``CellPlan``).
 """
 from __future__ import annotations
 
-import fnmatch
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.check.layouts import Restore
-from harness.check.recipes import recipe_facts
+from harness.check.plan import CellPlan, KnownGap
 from harness.model.gpt import ModelSize, default_size
 from harness.model.recipes import DEFAULT_RECIPE
-from harness.paths import GOLDEN_DIR
-from harness.records import ExpectMode, Expected
+from harness.paths import GOLDEN_DIR, shown_path
+from harness.records import ExpectMode
 from harness.scenario.goldens import golden_layout, golden_topology
-from harness.paths import shown_path
 from harness.scenario.schema import ScenarioError
-from harness.tiers import Backend
-from harness.topology import oracle
 from harness.topology.topology import Topology
 
-
-@dataclass(frozen=True)
-class KnownGap:
-    """Saved keys a load legitimately does not restore, with the reason (shown in reports)."""
-
-    pattern: str
-    reason: str
-
-    def matches(self, key: str) -> bool:
-        return fnmatch.fnmatchcase(key, self.pattern)
+__all__ = ["Cell", "CellPlan", "KnownGap", "Scenario"]
 
 
 @dataclass(frozen=True)
@@ -103,57 +90,32 @@ class Cell:
         return self.expected_under(behaviour_for(installed_modelopt()))
 
     def expected_under(self, behaviour) -> str:
-        """pass | fail-save | fail-load | amax-lost | not-restored under one ModelOpt version.
+        """The expectation rule (harness/check/expectation.py) on this cell's plan."""
+        from harness.check.expectation import expected
 
-        ``oracle`` mode: an unpatched golden whose layout that version cannot restore expects
-        ``not-restored``; then the version's replica rule (the fix's rule when patched,
-        harness/topology/oracle.py) for the save, then the load topology; then, unpatched on
-        TEGroupedMLP, the second bug where that version has it: every local expert's
-        weight-quantizer amax but expert 0's is gone after ``load_state_dict`` whenever a load
-        rank holds more than one expert.
-        """
+        return expected(self.plan, behaviour)
+
+    @functools.cached_property
+    def plan(self) -> CellPlan:
+        """This cell's facts, fixed once (harness/check/plan.py): what the judge reads. An
+        unpatched golden's layout is read here: a golden that cannot be read names the scenario
+        file that names it."""
         s = self.scenario
-        if s.expect == ExpectMode.PASS:
-            return Expected.PASS
-        if not behaviour.known:
-            return Expected.RULE_UNKNOWN  # no rule for the pair: predict nothing
-        facts = recipe_facts(s.recipe)
-        kind = behaviour.kind_rule(facts.expert_kind) if facts else None
-        if kind is None:
-            return Expected.RULE_UNKNOWN  # a recipe, or an amax kind, with no rule for the pair
-        patched = s.patch == "fix"
-        if behaviour.cannot_save and s.backend == Backend.TE:  # every sharded_state_dict call raises
-            return Expected.FAIL_LOAD if self.golden else Expected.FAIL_SAVE
-        if self.golden and not patched:
+        layout = None
+        if self.golden and s.patch != "fix" and s.expect != ExpectMode.PASS:
             try:
                 layout = golden_layout(self.golden, s.golden_root)
             except ScenarioError as exc:  # the file that names the golden is the one to fix
                 raise ScenarioError(f"{shown_path(Path(s.source))}: goldens: {exc}", Path(s.source),
                                     s.name) from None
-            if behaviour.golden_restore.get(layout) != Restore.RESTORED:
-                return Expected.NOT_RESTORED
-        rule = "expert-tp" if patched else behaviour.replica_rule
-        rule = rule if kind.replica_rule_applies else None
-        shared = behaviour.shared_rule if s.backend == Backend.TE else None
-
-        def fails(topo) -> bool:
-            return bool((rule and oracle.predicts_failure(topo, rule))
-                        or (shared and oracle.shared_collisions(topo, shared)))
-
-        if fails(self.save):
-            return Expected.FAIL_SAVE
-        if self.load and fails(self.load):
-            return Expected.FAIL_LOAD
-        if self.load and self.load.etp != self.save.etp and kind.etp_change != Expected.PASS:
-            return kind.etp_change or Expected.RULE_UNKNOWN
-        if (self.load and not patched and s.backend == Backend.TE
-                and kind.lost_on_reload
-                and s.size.num_experts // self.load.ep > 1):
-            return Expected.AMAX_LOST
-        return Expected.PASS
+        return CellPlan(
+            id=self.id, scenario=s.name, tier=s.tier, backend=s.backend, patch=s.patch,
+            recipe=s.recipe, expect=s.expect, save=self.save, load=self.load,
+            num_experts=s.size.num_experts, golden=self.golden, golden_layout=layout,
+            golden_ckpt=s.golden_root / self.golden / "ckpt" if self.golden else None,
+            known_gaps=s.known_gaps,
+        )
 
     @property
     def world(self) -> int:
-        if self.golden:  # no save stage runs
-            return self.load.world_size
-        return max(self.save.world_size, self.load.world_size if self.load else 0)
+        return self.plan.world

@@ -1,0 +1,66 @@
+"""A cell's facts, fixed when the cell is planned: everything its expectation and its judging read.
+
+Why: a cell used to reach the judge as a duck-typed scenario cell (or, for a recorded cell no
+scenario holds any more, as stand-in classes imitating one), and its expectation was worked out
+again wherever it was needed. A ``CellPlan`` is built once, from a scenario cell
+(harness/scenario/cells.py ``Cell.plan``) or from a recorded cell (``CellPlan.of_record``), and
+the expectation rule (harness/check/expectation.py) and the judge (harness/check/judge.py) read
+it and nothing else.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.records import CellRecord, Expected
+from harness.tiers import Backend
+from harness.topology.topology import Topology
+
+
+@dataclass(frozen=True)
+class KnownGap:
+    """Saved keys a load legitimately does not restore, with the reason (shown in reports)."""
+
+    pattern: str
+    reason: str
+
+    def matches(self, key: str) -> bool:
+        return fnmatch.fnmatchcase(key, self.pattern)
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    id: str
+    scenario: str
+    tier: str
+    backend: str
+    patch: str
+    recipe: str  # a recipe reference (harness/model/recipes.py)
+    expect: str  # the scenario's ExpectMode
+    save: Topology  # a golden cell: the topology the golden was saved at
+    load: Topology | None  # None: a save-only cell
+    num_experts: int
+    golden: str = ""  # a golden cell: the committed checkpoint standing in for the save
+    golden_layout: str | None = None  # its GoldenLayout, read when planned (unpatched goldens)
+    golden_ckpt: Path | None = None  # its checkpoint folder (format checks)
+    known_gaps: tuple[KnownGap, ...] = ()
+    # A recorded cell no scenario holds now: its recorded expectation stands (nothing to plan).
+    recorded_expected: str | None = None
+
+    @property
+    def world(self) -> int:
+        if self.golden:  # no save stage runs
+            return self.load.world_size
+        return max(self.save.world_size, self.load.world_size if self.load else 0)
+
+    @classmethod
+    def of_record(cls, rec: CellRecord) -> "CellPlan":
+        """A recorded cell as its own plan: the facts its record keeps."""
+        return cls(
+            id=rec.cell_id, scenario=rec.scenario, tier=rec.tier, backend=rec.backend or Backend.TE,
+            patch=rec.patch, recipe=rec.recipe_ref, expect="", num_experts=0,
+            save=Topology.parse(rec.save_topology),
+            load=Topology.parse(rec.load_topology) if rec.load_topology else None,
+            recorded_expected=rec.expected or Expected.PASS,
+        )
