@@ -136,6 +136,24 @@ def test_empty_directory(tmp_path, capsys):
     _one_line(err, str(d), "not a megatron-core distributed checkpoint")
 
 
+def test_a_goldens_folder_hints_at_its_ckpt(tmp_path, capsys):
+    """A golden's folder (``ckpt/`` + ``manifest.json``) is not the checkpoint: the one line
+    names the one inside (issue 40 item 6)."""
+    rc, err = _inspect(GOLDEN.parent, capsys)
+    assert rc == 2
+    assert _one_line(err, "not a megatron-core").endswith(f"; did you mean {GOLDEN}?")
+
+
+def test_the_only_checkpoint_subfolder_is_hinted_and_several_are_not(ckpt, tmp_path, capsys):
+    (tmp_path / "logs").mkdir()
+    saved = ckpt.rename(tmp_path / "iter_0000100")
+    rc, err = _inspect(tmp_path, capsys)
+    assert rc == 2 and _one_line(err).endswith(f"; did you mean {saved}?")
+    shutil.copytree(saved, tmp_path / "iter_0000200")
+    rc, err = _inspect(tmp_path, capsys)
+    assert rc == 2 and "did you mean" not in _one_line(err, "metadata.json missing")
+
+
 def test_missing_path(tmp_path, capsys):
     rc, err = _inspect(tmp_path / "nope", capsys)
     assert rc == 2
