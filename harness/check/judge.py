@@ -15,6 +15,7 @@ from typing import Mapping
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
 from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, topology_finding
 from harness.check import versions
+from harness.check.gaps import known_gaps
 from harness.check.recipes import recipe_facts
 from harness.check.versions import installed_mcore, plugin_problem
 from harness.records import CauseKind, CellRecord, Expected, Outcome, StageCause, StageResult
@@ -55,7 +56,7 @@ def judge_cell(rec: CellRecord, cell, save: StageResult | None, load: StageResul
     elif load.interrupted:
         interrupted(rec, load, load.interrupted)
     else:
-        _load(rec, load, cell.scenario.known_gaps)
+        _load(rec, load, known_gaps(cell.scenario))
         rec.finding = topology_finding(rec.verify)
     settle_unknown(rec)
     return rec
