@@ -190,6 +190,15 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture
+def baseline_profiles(monkeypatch):
+    """The quarantined jobs judged on the profile the committed runs were earned with
+    (NVFP4_DEFAULT_CFG on the plain GPT, tests/data/quarantine-nvfp4-default.toml): tests that
+    judge committed runs for a verdict use it; scenarios/quarantine.toml holds the jobs' own."""
+    monkeypatch.setenv("HARNESS_QUARANTINE",
+                       str(Path(__file__).parent / "tests" / "data" / "quarantine-nvfp4-default.toml"))
+
+
+@pytest.fixture
 def cell(request):
     """The parametrized cell; a bad scenario file's item fails here with the file's one line."""
     if isinstance(request.param, Exception):

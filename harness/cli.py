@@ -209,10 +209,12 @@ def cmd_golden(args) -> int:
                        validate_sharding=args.validate_sharding == "true", tier=args.tier,
                        notes=args.notes))
         elif args.golden_cmd == "repair":
-            from harness.golden.repair import RepairError, repair_golden
+            from harness.golden.repair import NothingToRepair, RepairError, repair_golden
 
             try:
                 print(repair_golden(args.dir, args.dst))
+            except NothingToRepair as exc:
+                print(exc)  # no new golden: it would equal its source
             except RepairError as exc:
                 raise GoldenError(str(exc)) from None
         elif args.golden_cmd == "write":

@@ -136,6 +136,24 @@ def test_empty_directory(tmp_path, capsys):
     _one_line(err, str(d), "not a megatron-core distributed checkpoint")
 
 
+def test_a_goldens_folder_hints_at_its_ckpt(tmp_path, capsys):
+    """A golden's folder (``ckpt/`` + ``manifest.json``) is not the checkpoint: the one line
+    names the one inside (issue 40 item 6)."""
+    rc, err = _inspect(GOLDEN.parent, capsys)
+    assert rc == 2
+    assert _one_line(err, "not a megatron-core").endswith(f"; did you mean {GOLDEN}?")
+
+
+def test_the_only_checkpoint_subfolder_is_hinted_and_several_are_not(ckpt, tmp_path, capsys):
+    (tmp_path / "logs").mkdir()
+    saved = ckpt.rename(tmp_path / "iter_0000100")
+    rc, err = _inspect(tmp_path, capsys)
+    assert rc == 2 and _one_line(err).endswith(f"; did you mean {saved}?")
+    shutil.copytree(saved, tmp_path / "iter_0000200")
+    rc, err = _inspect(tmp_path, capsys)
+    assert rc == 2 and "did you mean" not in _one_line(err, "metadata.json missing")
+
+
 def test_missing_path(tmp_path, capsys):
     rc, err = _inspect(tmp_path / "nope", capsys)
     assert rc == 2
@@ -215,6 +233,7 @@ def test_every_known_outcome_is_accepted(tmp_path):
     assert [c["outcome"] for c in read_results(path)["cells"]] == list(OUTCOMES)
 
 
+@pytest.mark.usefixtures("baseline_profiles")
 def test_incomplete_run_is_reported_as_such(tmp_path, capsys):
     doc = {**_good(), "incomplete": True, "interrupted_by": "SIGINT"}
     path = tmp_path / "run" / "results.json"
@@ -231,6 +250,7 @@ def test_incomplete_run_is_reported_as_such(tmp_path, capsys):
     assert "all 2 runs together" in together and f"{INCOMPLETE_LINE} (run {doc['run_id']})" in together
 
 
+@pytest.mark.usefixtures("baseline_profiles")
 def test_complete_run_says_nothing_about_it(tmp_path, capsys):
     assert INCOMPLETE_LINE not in summary.markdown_summary(_good())
     verdict.main(verdict.read_docs([RUN]))
@@ -241,7 +261,8 @@ def _job_doc(job_id: str, run_id: str, created: str, fix_outcomes: list[str], **
     q = verdict.load_quarantine()
     by_name = {s.name: s for s in verdict.load_all()}
     job = next(j for j in q.jobs if j.id == job_id)
-    witness, fix = verdict.job_cells(job, by_name[q.witness]), verdict.job_cells(job, by_name[q.fix])
+    witness = verdict.job_cells(job, by_name[job.profile.witness])
+    fix = verdict.job_cells(job, by_name[job.profile.fix])
     cells = [{"cell_id": c.id, "tier": c.scenario.tier, "expected": c.expected,
               "outcome": "bug-reproduced" if c.load else "pass"} for c in witness]
     cells += [{"cell_id": c.id, "tier": c.scenario.tier, "expected": "pass", "outcome": o}
@@ -251,6 +272,7 @@ def _job_doc(job_id: str, run_id: str, created: str, fix_outcomes: list[str], **
             "cells": cells, **kw}
 
 
+@pytest.mark.usefixtures("baseline_profiles")
 def test_an_interrupted_cell_counts_as_missing_evidence(tmp_path, capsys):
     job = "nano-30b-a3b-qad"
     doc = _job_doc(job, "stopped", "2", ["pass", "interrupted"], incomplete=True)

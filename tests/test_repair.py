@@ -232,6 +232,26 @@ def test_dry_run_writes_nothing(goldens, tmp_path, capsys):
 
 
 @pytest.mark.cpu
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_complete_checkpoint_is_nothing_to_repair_and_no_dst(goldens, tmp_path, capsys, dry_run):
+    """The complete 0.47.0 golden needs nothing: one line, exit 0, no copy written (issue 40)."""
+    before = _tree_hash(goldens[B] / "ckpt")
+    assert repair.main(_args(goldens[B] / "ckpt", tmp_path / "dst", dry_run=dry_run)) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and len(out.strip().splitlines()) == 1, out
+    assert out.startswith("nothing to repair: ") and "(layout per-expert, 32 present)" in out
+    assert f"{tmp_path / 'dst'} not written" in out
+    assert list(tmp_path.iterdir()) == [] and _tree_hash(goldens[B] / "ckpt") == before
+
+
+@pytest.mark.cpu
+def test_golden_repair_of_a_complete_golden_writes_no_golden(goldens, tmp_path):
+    with pytest.raises(repair.NothingToRepair, match="nothing to repair"):
+        repair.repair_golden(goldens[B], tmp_path / "new-golden")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.cpu
 def test_forecast_per_pair_from_the_version_rules(goldens):
     every = {n: {(f.modelopt, f.megatron_core): f
                  for f in forecast.forecast(inspect_checkpoint(goldens[n] / "ckpt"))}

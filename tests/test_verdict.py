@@ -24,13 +24,8 @@ NANO, ULTRA = "nano-30b-a3b-qad", "ultra-550b-a55b-nvfp4-ptq"
 
 
 # The committed runs quantized with NVFP4_DEFAULT_CFG on a plain GPT: they are judged on that
-# profile (the jobs' own profiles, scenarios/quarantine.toml, need the recipe runs).
-BASELINE = Path(__file__).resolve().parent / "data" / "quarantine-nvfp4-default.toml"
-
-
-@pytest.fixture(autouse=True)
-def baseline_profiles(monkeypatch):
-    monkeypatch.setenv("HARNESS_QUARANTINE", str(BASELINE))
+# profile (conftest.py baseline_profiles; the jobs' own profiles need the recipe runs).
+pytestmark = [pytestmark, pytest.mark.usefixtures("baseline_profiles")]
 
 
 def _by_job(verdicts) -> dict:

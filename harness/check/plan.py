@@ -9,24 +9,13 @@ it and nothing else.
 """
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.check.gaps import BACKEND_GAPS, KnownGap
 from harness.records import CellRecord, Expected
 from harness.tiers import Backend
 from harness.topology.topology import Topology
-
-
-@dataclass(frozen=True)
-class KnownGap:
-    """Saved keys a load legitimately does not restore, with the reason (shown in reports)."""
-
-    pattern: str
-    reason: str
-
-    def matches(self, key: str) -> bool:
-        return fnmatch.fnmatchcase(key, self.pattern)
 
 
 @dataclass(frozen=True)
@@ -62,5 +51,6 @@ class CellPlan:
             patch=rec.patch, recipe=rec.recipe_ref, expect="", num_experts=0,
             save=Topology.parse(rec.save_topology),
             load=Topology.parse(rec.load_topology) if rec.load_topology else None,
+            known_gaps=BACKEND_GAPS.get(rec.backend or Backend.TE, ()),
             recorded_expected=rec.expected or Expected.PASS,
         )

@@ -29,7 +29,9 @@ SRC on demand and its storage freed once written (harness/golden/streamed_save.p
 memory is about one tensor (the largest, twice for a copy) plus the metadata and the small
 ``_extra_state`` objects (measured: docs/benchmarks.md, "Checkpoint repair"). DST is written
 into a sibling temporary directory and renamed into place only after verification: a failed
-run leaves no DST.
+run leaves no DST. A checkpoint that needs none of the above (per-expert layout, every expert's
+weight amax present) is not copied: ``repair`` says "nothing to repair" in one line, exit 0, and
+writes no DST (a byte copy would only cost a user the disk and the wait).
 """
 from __future__ import annotations
 
@@ -61,6 +63,10 @@ class RepairError(Exception):
     """The checkpoint cannot be repaired, or DST cannot be written (one line, names the file)."""
 
 
+class NothingToRepair(Exception):
+    """SRC already loads complete on per-expert releases: no DST is written. Not an error (exit 0)."""
+
+
 @dataclass
 class Plan:
     src: Path
@@ -75,6 +81,17 @@ class Plan:
     amax_dtype: object = None
     src_bytes: int = 0
     hashes: dict[str, str] = field(default_factory=dict)  # tensor key -> sha256 (SRC, then checked in DST)
+
+    @property
+    def needs_nothing(self) -> bool:
+        """No amax to write, no shared amax to drop, no ``_extra_state`` to rename."""
+        return not (self.derived or self.dropped or self.rewritten_objects)
+
+    def nothing_line(self) -> str:
+        present = sum(1 for k in self.copied if k.endswith(WEIGHT_AMAX_SUFFIX)
+                      and EXPERT_WEIGHT.match(k[: -len("_quantizer._amax")]))
+        return (f"nothing to repair: {self.src} already holds every expert's weight-quantizer amax "
+                f"(layout {self.kind}, {present} present); {self.dst} not written")
 
     def summary(self) -> dict:
         legacy = sum(1 for how, _ in self.derived.values() if how == FROM_LEGACY)
@@ -296,6 +313,8 @@ def repair(src: Path | str, dst: Path | str, dry_run: bool = False) -> Plan:
     if not dst.parent.is_dir():
         raise RepairError(f"{dst.parent}: no such directory (DST's parent must exist)")
     plan = plan_repair(src, dst)
+    if plan.needs_nothing:
+        raise NothingToRepair(plan.nothing_line())
     if dry_run:
         return plan
     free = shutil.disk_usage(dst.parent).free
@@ -354,9 +373,13 @@ def repair_golden(src_golden: Path | str, dst_golden: Path | str) -> Path:
 
 
 def main(args) -> int:
-    """Exit 0: written (or the dry run printed); 2: bad input or DST problem; 3: damaged SRC."""
+    """Exit 0: written, the dry run printed, or nothing to repair (no DST); 2: bad input or DST
+    problem; 3: damaged SRC."""
     try:
         plan = repair(args.src, args.dst, dry_run=args.dry_run)
+    except NothingToRepair as exc:
+        print(exc)
+        return 0
     except DamagedCheckpoint as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

@@ -27,8 +27,10 @@ def read_metadata(path: Path | str) -> tuple[str, dict[str, tuple[str, tuple[int
     if not p.exists():
         raise NotACheckpoint(f"{p}: no such file or directory")
     if not (p / "metadata.json").is_file():
+        hint = checkpoint_inside(p)
         raise NotACheckpoint(
             f"{p}: not a megatron-core distributed checkpoint (metadata.json missing)"
+            + (f"; did you mean {hint}?" if hint else "")
         )
     import warnings
 
@@ -64,6 +66,18 @@ def read_metadata(path: Path | str) -> tuple[str, dict[str, tuple[str, tuple[int
         if isinstance(sh, ShardedTensor):
             out[key] = (str(sh.dtype), tuple(sh.global_shape))
     return backend, out
+
+
+def checkpoint_inside(p: Path) -> Path | None:
+    """The checkpoint one level below ``p``, for the hint in NotACheckpoint: a golden's folder
+    holds ``ckpt/`` beside ``manifest.json``, and a user naturally names the folder. ``p/ckpt``
+    if it is one, else the only subfolder that is one; None when there is none or several."""
+    if not p.is_dir():
+        return None
+    if (p / "ckpt" / "metadata.json").is_file():
+        return p / "ckpt"
+    found = [q for q in sorted(p.iterdir()) if q.is_dir() and (q / "metadata.json").is_file()]
+    return found[0] if len(found) == 1 else None
 
 
 def _why(exc: BaseException) -> str:

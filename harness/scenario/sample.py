@@ -103,7 +103,6 @@ def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier
     """One ordinary scenario per drawn (save, model size), named ``sample-s<seed>-<i>``, with its
     save-only cell and its loads (each scenario has its own model size, so its own save)."""
     backend = facts(tier).backend
-    gaps = known_gaps_of(backend)
     groups: dict[tuple, list[Draw]] = {}
     for d in draw_cells(seed, count, max_ranks, tier, exclude, loads_per_save):
         groups.setdefault((d.save, d.size), []).append(d)
@@ -115,7 +114,6 @@ def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier
                          f"top-{s.moe_router_topk}; save {save.id}"),
             tier=tier, backend=backend, patch=patch, expect=ExpectMode.ORACLE, size=s,
             saves=(save,), loads=tuple(d.load for d in draws), logits_reference="load-topology",
-            known_gaps=gaps,
             stage_timeout_s=300.0, source=f"harness sample --seed {seed}"))
     return out
 
@@ -138,11 +136,6 @@ def parse_slice(text: str) -> tuple[int, int]:
     if not 1 <= k <= n:
         raise ValueError(f"--slice {text!r}: want 1 <= K <= N")
     return k, n
-
-
-def known_gaps_of(backend: str) -> tuple:
-    """The known gaps the committed scenarios of ``backend`` declare (one place: their files)."""
-    return tuple(dict.fromkeys(g for s in load_all() if s.backend == backend for g in s.known_gaps))
 
 
 def describe(scenarios: list[Scenario]) -> str:
