@@ -102,7 +102,7 @@ case "$1" in
     # done first, so no stage pays it inside its timeout. Carry .whl-048.
     PY048=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
     start=$(date +%s)
-    python3 -c "from modelopt.torch.quantization.extensions import precompile; precompile()" > "$OUT/precompile.log" 2>&1
+    mkdir -p $R; python3 -c "from modelopt.torch.quantization.extensions import precompile; precompile()" > $R/precompile.log 2>&1
     echo "precompile: rc $? wall $(( $(date +%s) - start )) s"
     WIT=${RECIPE_SCENARIOS_none:-gpu-ultra-recipe-witness,gpu-ultra-modules-witness,gpu-nano-recipe-witness,gpu-super-recipe-witness}
     FIX=${RECIPE_SCENARIOS_fix:-gpu-ultra-recipe,gpu-nano-recipe,gpu-modules}
