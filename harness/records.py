@@ -29,6 +29,9 @@ class Outcome(StrEnum):
     # The (nvidia-modelopt, megatron-core) pair has no rule (harness/check/versions.py): what ran is
     # recorded, nothing was predicted, so it is neither good nor unexpected.
     RULE_UNKNOWN = "rule-unknown"
+    # A refusal the rule predicts that is NOT the collision (docs/findings.md, "Static NVFP4
+    # amax at another expert TP"): a limitation of the product, confirmed where predicted.
+    KNOWN_REFUSAL = "known-refusal"
 
 
 class Expected(StrEnum):
@@ -40,6 +43,8 @@ class Expected(StrEnum):
     AMAX_LOST = "amax-lost"  # the second bug: per-expert amax gone after load_state_dict
     NOT_RESTORED = "not-restored"  # an unpatched golden this release cannot restore
     RULE_UNKNOWN = "rule-unknown"  # the pair has no rule: nothing is predicted
+    # a static per-block amax loaded at another expert TP: megatron-core refuses its global shape
+    RESHARD_REFUSED = "reshard-refused"
 
 
 class ExpectMode(StrEnum):

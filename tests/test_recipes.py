@@ -77,11 +77,14 @@ def _cell(tmp_path, recipe, save, load):
 
 
 @pytest.mark.parametrize("modelopt", ["0.47.0", "0.48.0rc1"])
-def test_static_blocks_at_another_expert_tp_have_no_rule_yet(tmp_path, modelopt):
+def test_static_blocks_at_another_expert_tp_are_refused(tmp_path, modelopt):
+    """The rule read from the sources and checked on the H100 (versions.py _STATIC_CHECKED)."""
     rules = rules_for(modelopt, "0.19.2")
-    assert rules.kind_rule(STATIC_BLOCK).etp_change is None  # the rule this test reads
+    assert rules.kind_rule(STATIC_BLOCK).etp_change == Expected.RESHARD_REFUSED
     cell = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp2-etp2-ep2")
-    assert cell.expected_under(rules) == Expected.RULE_UNKNOWN
+    assert cell.expected_under(rules) == Expected.RESHARD_REFUSED
+    same = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp1-etp1-ep2")
+    assert same.expected_under(rules) == Expected.PASS
 
 
 def test_static_blocks_collide_where_the_scalar_amax_does(tmp_path):
@@ -140,3 +143,19 @@ def test_the_catalogue_says_what_modelopt_configures(modelopt_kinds, ref):
     for family, kinds in modelopt_kinds[ref].items():
         assert kinds == [facts.kinds.get(family)], (ref, family, kinds, facts.kinds)
     assert "experts" in modelopt_kinds[ref], f"{ref} quantizes no expert weight here"
+
+
+def test_the_recorded_refusal_is_judged_a_known_refusal_not_the_bug():
+    """The H100 run's ETP 1 -> 2 load of the Ultra recipe (tests/data/runs) re-judged: the
+    global-shape refusal is the limitation the rule predicts, never `bug-reproduced`."""
+    from harness.check.judge import is_bug, is_shape_refusal
+    from harness.records import CauseKind, StageCause
+
+    text = ("CheckpointException ranks:dict_keys([0]) ... megatron.core.dist_checkpointing.core."
+            "CheckpointingException: Global shape mismatch for loaded (torch.Size([4096, 1])) and "
+            "expected ((8192, 1)) tensor for key decoder.layers.0.mlp.experts.experts.1.linear_fc1."
+            "weight_quantizer._amax")
+    cause = StageCause(rank=0, kind=CauseKind.EXCEPTION,
+                       exc_type="torch.distributed.checkpoint.api.CheckpointException", message=text,
+                       key=None)
+    assert is_shape_refusal(cause) and not is_bug(cause, rules_for("0.47.0", "0.19.2"))

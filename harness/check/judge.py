@@ -100,6 +100,21 @@ def is_amax_refusal(cause: StageCause | None) -> bool:
 # megatron-core's validation, and torch DCP's missing-key refusal of the load plan
 REFUSALS = (BUG_EXCEPTION, "CheckpointException")
 
+# A static per-block amax saved at one expert TP, loaded at another: megatron-core's load planner
+# refuses its global shape (dist_checkpointing/strategies/torch.py _validate_global_shapes,
+# raised inside torch DCP's CheckpointException on rank 0). Not the collision.
+SHAPE_REFUSAL_TEXT = "Global shape mismatch"
+SHAPE_REFUSAL_FINDING = ("static per-block weight-quantizer amax at another expert TP: megatron-core "
+                         "refuses its global shape (docs/findings.md, 'Static NVFP4 amax at "
+                         "another expert TP'); not the collision")
+
+
+def is_shape_refusal(cause: StageCause | None) -> bool:
+    """The refusal ``Expected.RESHARD_REFUSED`` predicts, on a weight-quantizer amax."""
+    text = (cause.message or "") if cause else ""
+    return bool(cause and (cause.exc_type or "").endswith(REFUSALS) and SHAPE_REFUSAL_TEXT in text
+                and "weight_quantizer._amax" in text)
+
 
 def version_skip_reason(cell: CellPlan, behaviour, modelopt: str | None,
                         mcore: str | None = None) -> str | None:
@@ -258,6 +273,8 @@ def _load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
         failed_stage(rec, stage, Expected.FAIL_LOAD)
         if rec.expected == Expected.NOT_RESTORED and not stage.timed_out and is_amax_refusal(stage.cause):
             rec.outcome = Outcome.BUG_REPRODUCED  # megatron-core refused the checkpoint's amax
+        if rec.expected == Expected.RESHARD_REFUSED and not stage.timed_out and is_shape_refusal(stage.cause):
+            rec.outcome, rec.reason = Outcome.KNOWN_REFUSAL, SHAPE_REFUSAL_FINDING
         return
     rec.verify = judged_verify(stage.rank0.get("verify", {}), rec.tier)
     problems = verify_problems(rec.verify, known_gaps)
@@ -273,6 +290,10 @@ def _load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
         _amax_lost(rec, known_gaps, problems)
     elif rec.expected in (Expected.FAIL_LOAD, Expected.FAIL_SAVE):
         rec.outcome, rec.reason = Outcome.UNEXPECTED_PASS, bug_gone_message(rec)
+    elif rec.expected == Expected.RESHARD_REFUSED and not problems:
+        rec.outcome = Outcome.UNEXPECTED_PASS
+        rec.reason = ("expected megatron-core to refuse the static per-block amax at another expert "
+                      "TP (global shape mismatch), but the load passed: the limitation is gone")
     elif problems:
         rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, "verify"
         rec.message = "; ".join(problems)

@@ -118,7 +118,9 @@ _STATIC_SOURCE = (
     "bug does not reach it at the save's ETP; model_calib.py (0.47.0 :370-376, 0.48.0rc1 the "
     "same) calls _check_nvfp4_static_tp_supported, which refuses static NVFP4 calibration when "
     "the module's TP group (expert TP for TEGroupedLinear, plugins/megatron.py :968-973) is > 1. "
-    "An ETP change gives a different local shape: not read to its end, not run")
+    "At another expert TP the restored buffer keeps the saved shape while the block _amax is sharded "
+    "over expert TP, so megatron-core 0.19.2's load planner (dist_checkpointing/strategies/torch.py "
+    "_validate_global_shapes :534) refuses: Global shape mismatch")
 
 
 def scalar_rule(drops_on_reload: bool) -> KindRule:
@@ -126,8 +128,16 @@ def scalar_rule(drops_on_reload: bool) -> KindRule:
                     source=_SCALAR_SOURCE)
 
 
-def static_block_rule(checked_on: str = "") -> KindRule:
-    return KindRule(replica_rule_applies=True, lost_on_reload=False, etp_change=None,
+# Checked on one H100, tier gpu-shared, megatron-core 0.19.2 (docs/runs/20261206-0354-recipes.md):
+# ETP 1 -> 2 and 1 -> 4 loads refused with "Global shape mismatch for loaded (4096, 1) and expected
+# (8192, 1)" on 0.47.0, 0.47.0 + harness.fix and 0.48.0rc1 alike; same-ETP loads pass.
+_STATIC_CHECKED = ("gpu-shared, H100, megatron-core 0.19.2: docs/runs/20261206-0354-recipes.md "
+                   "(0.47.0, 0.47.0 + harness.fix, 0.48.0rc1)")
+
+
+def static_block_rule(checked_on: str = _STATIC_CHECKED) -> KindRule:
+    return KindRule(replica_rule_applies=True, lost_on_reload=False,
+                    etp_change=Expected.RESHARD_REFUSED,
                     save_refused_at_etp_gt1=_STATIC_REFUSAL, source=_STATIC_SOURCE,
                     checked_on=checked_on)
 

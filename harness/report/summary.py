@@ -26,6 +26,7 @@ CATEGORIES = (
     ((Outcome.RULE_UNKNOWN,), "rule unknown for the (modelopt, megatron-core) pair", "RULE?", "#8c564b"),
     ((Outcome.INTERRUPTED,), "interrupted (run stopped, not a result)", "INTR", "#9467bd"),
     ((Outcome.BUG_REPRODUCED,), "bug reproduced as expected", "BUG", "#ff9f1c"),
+    ((Outcome.KNOWN_REFUSAL,), "known refusal, not the collision (docs/findings.md)", "REFUSED", "#e6c229"),
     ((Outcome.SKIPPED,), Outcome.SKIPPED, "SKIP", "#c7c7c7"),
     ((Outcome.PASS,), Outcome.PASS, "PASS", "#2ca02c"),
 )

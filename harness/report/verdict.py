@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from harness.check.judge import SHAPE_REFUSAL_FINDING
 from harness.check.results_file import INCOMPLETE_LINE, read_results
 from harness.report.summary import cause
 from harness.report.jobs import QUARANTINE, Job, Quarantine, job_cells, load_quarantine  # noqa: F401
@@ -199,15 +200,21 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     reproduced = Outcome.BUG_REPRODUCED in w
     missing_fix = [e.cell_id for e in evidence
                    if e.role == "fix" and e.outcome in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
-    if w and complete("witness") and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS) for o in w):
+    # A known refusal (not the collision) keeps a job safe at the shapes that pass, and is said.
+    refused = sorted({e.cell_id.split("load=")[-1].rstrip("]") for e in evidence
+                      if e.outcome == Outcome.KNOWN_REFUSAL})
+    caveat = (f"; NOT at {', '.join(refused)}: {SHAPE_REFUSAL_FINDING}" if refused else "")
+    if w and complete("witness") and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS, Outcome.KNOWN_REFUSAL)
+                                         for o in w) and set(w) != {Outcome.KNOWN_REFUSAL}:
         how = ("the bug no longer reproduces (this version was expected to fail)"
                if Outcome.UNEXPECTED_PASS in w else "this version's own rules expect it to pass, and it does")
         return v(SAFE, f"fixed upstream: unpatched, save {job.save.id} / loads {len(job.profile.loads)} "
-                       f"pass: {how}")
-    if complete("fix") and all(o == Outcome.PASS for o in f):
+                       f"pass: {how}{caveat}")
+    if complete("fix") and f and all(o in (Outcome.PASS, Outcome.KNOWN_REFUSAL) for o in f) \
+            and set(f) != {Outcome.KNOWN_REFUSAL}:
         unpatched = ("unpatched the witness still reproduces the bug (BLOCKED without the patch)"
                      if reproduced else "no unpatched evidence here")
-        return v(SAFE_WITH_PATCH, f"every patched cell at the job's shapes passes; {unpatched}")
+        return v(SAFE_WITH_PATCH, f"every patched cell at the job's shapes passes; {unpatched}{caveat}")
     if reproduced:
         fix_state = (f"fix evidence incomplete, missing {', '.join(missing_fix)}" if missing_fix
                      else f"fix cells: {', '.join(f)}")
