@@ -272,7 +272,7 @@ def test_gate_usage_errors_are_exit_2_and_name_the_known_jobs():
     """Through the real CLI: an unknown job, --gate without --job, results of two pairs."""
     import tomllib
 
-    from tests.test_gitlab_ci_local_install import bounded
+    from tests.helpers import bounded
 
     known = [j["id"] for j in tomllib.loads(quarantine_path().read_text())["jobs"]]
     base = [sys.executable, "-W", "ignore", "-m", "harness", "verdict", "--results", str(WITNESS)]
@@ -344,7 +344,7 @@ def test_gate_script_gates_every_job_and_shows_the_step(tmp_path, patched, rc, p
     """tools/unquarantine-gate.sh (the CI job unquarantine-gate, `make gate`) on a committed run
     whose patched cells pass for both jobs: without GATE_PATCHED both stay quarantined (3),
     with it both gates pass and each prints the step that un-quarantines it."""
-    from tests.test_gitlab_ci_local_install import bounded
+    from tests.helpers import bounded
 
     run = tmp_path / "results" / "nightly"
     run.mkdir(parents=True)

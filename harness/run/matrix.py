@@ -16,7 +16,8 @@ environment; in it the matrix runs
     ``cpu-reshard`` (ModelOpt NVFP4 on megatron's local-spec SequentialMLP, cpu tier; skipped
     with the reason where the version's plugin needs TE). GPU cells skip without a GPU.
   * ``oracle``: the oracle-vs-real-validation test for world 2 (megatron-core only: a control).
-Every step runs in its own process session with a timeout and is killed with its children.
+Every step runs in its own process session with a timeout and is killed with its children
+(harness/launch/bounded.py).
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ import functools
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.launch import bounded
 from harness.paths import REPO_ROOT
 from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Expected, Outcome, RunResults
 from harness.scenario import selections
@@ -253,26 +254,17 @@ def render_table(rows: dict[str, dict[str, TableEntry]], columns=COLUMNS) -> str
 
 
 def _run(cmd: list[str], timeout_s: float, log: Path, env: dict | None = None) -> tuple[int | None, str]:
-    """Run in a new session; on timeout kill the whole session. Returns (rc or None, output)."""
+    """``cmd`` bounded (harness/launch/bounded.py), its output in ``log``: (rc, or None when it
+    timed out and its session was killed, SIGTERM first; the output)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     # The repository first, the host's own entries kept (a GPU host's stack lives on PYTHONPATH).
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     with open(log, "wb") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                             env=full_env, start_new_session=True)
-        try:
-            rc = p.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            # SIGTERM first: a `harness run` then writes its results marked incomplete
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=TERM_GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-            rc = None
-    return rc, log.read_text(errors="replace")
+        # SIGTERM first: a `harness run` then writes its results marked incomplete
+        done = bounded.run(cmd, timeout_s, term_grace_s=TERM_GRACE_S, stdout=f,
+                           stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=full_env)
+    return (None if done.timed_out else done.returncode), log.read_text(errors="replace")
 
 
 def _last_line(text: str) -> str:
