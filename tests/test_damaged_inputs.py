@@ -23,6 +23,9 @@ TESTS = Path(__file__).resolve().parent
 GOLDEN_DIR = TESTS / "golden"
 GOLDEN = GOLDEN_DIR / "modelopt-0.47.0-tp1-etp1-ep8" / "ckpt"
 RUN = TESTS / "data" / "runs" / "20261202-122731-witness.results.json"
+# The committed runs quantized with NVFP4_DEFAULT_CFG are judged on that profile
+# (tests/test_verdict.py); the jobs' own profiles need the recipe runs.
+BASELINE = TESTS / "data" / "quarantine-nvfp4-default.toml"
 
 
 def _hashes() -> dict[str, str]:
@@ -215,7 +218,8 @@ def test_every_known_outcome_is_accepted(tmp_path):
     assert [c["outcome"] for c in read_results(path)["cells"]] == list(OUTCOMES)
 
 
-def test_incomplete_run_is_reported_as_such(tmp_path, capsys):
+def test_incomplete_run_is_reported_as_such(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HARNESS_QUARANTINE", str(BASELINE))
     doc = {**_good(), "incomplete": True, "interrupted_by": "SIGINT"}
     path = tmp_path / "run" / "results.json"
     path.parent.mkdir()
@@ -241,7 +245,8 @@ def _job_doc(job_id: str, run_id: str, created: str, fix_outcomes: list[str], **
     q = verdict.load_quarantine()
     by_name = {s.name: s for s in verdict.load_all()}
     job = next(j for j in q.jobs if j.id == job_id)
-    witness, fix = verdict.job_cells(job, by_name[q.witness]), verdict.job_cells(job, by_name[q.fix])
+    witness = verdict.job_cells(job, by_name[job.profile.witness])
+    fix = verdict.job_cells(job, by_name[job.profile.fix])
     cells = [{"cell_id": c.id, "tier": c.scenario.tier, "expected": c.expected,
               "outcome": "bug-reproduced" if c.load else "pass"} for c in witness]
     cells += [{"cell_id": c.id, "tier": c.scenario.tier, "expected": "pass", "outcome": o}
@@ -251,7 +256,8 @@ def _job_doc(job_id: str, run_id: str, created: str, fix_outcomes: list[str], **
             "cells": cells, **kw}
 
 
-def test_an_interrupted_cell_counts_as_missing_evidence(tmp_path, capsys):
+def test_an_interrupted_cell_counts_as_missing_evidence(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HARNESS_QUARANTINE", str(BASELINE))
     job = "nano-30b-a3b-qad"
     doc = _job_doc(job, "stopped", "2", ["pass", "interrupted"], incomplete=True)
     path = tmp_path / "results.json"

@@ -13,9 +13,12 @@ from pathlib import Path
 from harness.check.recipes import KNOWN_RECIPES
 from harness.model.recipes import Recipe
 from harness.paths import REPO_ROOT
+from harness.records import Outcome
+from harness.tiers import Tier
 
 RUNS_DIR = REPO_ROOT / "tests" / "data" / "runs"
-RAN = ("pass", "bug-reproduced", "unexpected-failure", "unexpected-pass", "rule-unknown")
+RAN = (Outcome.PASS, Outcome.BUG_REPRODUCED, Outcome.UNEXPECTED_FAILURE, Outcome.UNEXPECTED_PASS,
+       Outcome.RULE_UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ def _ran_cells(runs_dir: Path):
 
     for path in sorted(runs_dir.glob("*.results.json")):
         for rec in RunResults.of(read_results(path)).cells:
-            if rec.outcome in RAN and on_cuda(rec.tier or "gpu-shared"):
+            if rec.outcome in RAN and on_cuda(rec.tier or Tier.GPU_SHARED):
                 yield path.name, rec
 
 
