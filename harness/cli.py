@@ -120,7 +120,7 @@ def cmd_dump(args) -> int:
 def cmd_verdict(args) -> int:
     """Judge the given results.json files, or run the quarantined jobs' cells here first; with
     ``--gate``, one job's verdict as the gate's exit code (harness/report/gate.py)."""
-    from harness.report import gate, verdict
+    from harness.report import gate, verdict, verdict_text
     from harness.report.jobs import QUARANTINE_ENV, ProfileError
 
     if getattr(args, "quarantine", None):  # every later load_quarantine takes this file
@@ -153,7 +153,7 @@ def cmd_verdict(args) -> int:
 
     cells = verdict.cells_to_run()
     if all(tier_skip_reason(c.scenario.tier, c.world) for c in cells):
-        print(verdict.no_evidence_line(cells[0].scenario.tier))  # nothing could run here
+        print(verdict_text.no_evidence_line(cells[0].scenario.tier))  # nothing could run here
         return gate.EXIT_UNDECIDED if args.gate else 0
     print(f"running {len(cells)} verdict cell(s) with the installed modelopt", file=sys.stderr)
     doc = run_cells(cells, Path(args.results_root), label="verdict", out=sys.stderr)
@@ -164,10 +164,10 @@ def cmd_verdict(args) -> int:
 
 
 def _judge(args, docs) -> int:
-    from harness.report import gate, verdict
+    from harness.report import gate, verdict_text
 
     if not args.gate:
-        return verdict.main(docs, args.job)
+        return verdict_text.main(docs, args.job)
     try:
         return gate.main(docs, args.job, args.patched)
     except gate.GateUsage as exc:

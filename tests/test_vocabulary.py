@@ -28,7 +28,7 @@ NOT_THE_WORD = {
     ("harness/rank/setup.py", "cpu"): "torch's device name",
     ("harness/scenario/machine.py", "gpu"): "the versions record's key for the GPU's name",
     ("harness/run/repro.py", "gpu"): "the versions record's key for the GPU's name",
-    ("harness/report/verdict.py", "gpu"): "the versions record's key for the GPU's name",
+    ("harness/report/verdict_text.py", "gpu"): "the versions record's key for the GPU's name",
     ("bench/junit_times.py", "skipped"): "pytest's JUnit element and result word",
 }
 TORCH_DEVICE_CALLS = {"to", "device", "empty", "zeros", "ones", "tensor"}
