@@ -369,11 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         from harness.scenario.machine import version_problem
 
         problem = version_problem()
-        if problem and ("not installed" in problem or "set HARNESS_ANY_MCORE" in problem):
-            print(f"error: {problem}", file=sys.stderr)
+        if problem and problem.fatal:
+            print(f"error: {problem.line}", file=sys.stderr)
             return 2
         if problem:
-            print(f"warning: {problem}", file=sys.stderr)
+            print(f"warning: {problem.line}", file=sys.stderr)
         if not getattr(args, "stage_mode", None):  # --stage-mode overrides the variable
             from harness.launch.pool import stage_mode
 

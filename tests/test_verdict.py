@@ -13,7 +13,7 @@ import pytest
 from harness import cli
 from harness.report import verdict, verdict_text
 from harness.report.jobs import quarantine_path
-from harness.scenario.machine import tier_skip_reason
+from harness.scenario.machine import SKIP_TEXTS, SkipKind, tier_skip_reason
 from harness.topology.topology import Topology
 
 pytestmark = pytest.mark.cpu
@@ -328,6 +328,19 @@ def test_the_recorded_0_48_0rc1_run_clears_both_jobs():
     vds = _by_job(verdict.judge_doc(doc))
     assert {job: vd.word for job, vd in vds.items()} == {
         "nano-30b-a3b-qad": verdict.SAFE, "ultra-550b-a55b-nvfp4-ptq": verdict.SAFE}
+
+
+@pytest.mark.parametrize("kind, detail", [
+    (SkipKind.NO_GPU, "on this machine (tier gpu-shared needs a GPU)"),
+    (SkipKind.NO_TE, "on this machine (tier gpu-shared needs Transformer Engine: no GPU build)")])
+def test_no_evidence_says_what_this_machine_lacks_by_the_reasons_kind(kind, detail):
+    """Every evidence cell skipped: a machine without the GPUs says the tier needs one; any
+    other reason is shown as written (its words decide nothing, even where they say GPU)."""
+    reason = SKIP_TEXTS[kind].format(tier="gpu-shared", error="no GPU build")
+    witness, fix = _evidence_ids(NANO)
+    recs = [_record(c.id, "skipped", c.expected, reason=reason) for c in witness + fix]
+    v = _by_job(verdict.judge_doc(_doc(recs, "0.47.0")))[NANO]
+    assert (v.word, v.detail) == (verdict.NO_EVIDENCE, detail)
 
 
 def test_a_pair_without_a_rule_gets_no_verdict_but_says_which_pair():

@@ -34,6 +34,7 @@ from harness.report.summary import cause
 from harness.report.jobs import QUARANTINE, Job, Quarantine, job_cells, load_quarantine  # noqa: F401
 from harness.records import CellRecord, Outcome, RunResults
 from harness.scenario.cells import Cell, Scenario
+from harness.scenario.machine import skip_kind
 from harness.scenario.scenarios import load_all
 
 SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
@@ -190,7 +191,8 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     present = [r for _, _, r in rows if r]
     if present and not ran("witness") and not ran("fix"):
         reason = next((r.reason for r in present if r.reason), "") or ""
-        why = f"tier {tier} needs a GPU" if "GPU" in reason else reason
+        kind = skip_kind(reason)
+        why = f"tier {tier} needs a GPU" if kind and kind.lacks_gpus else reason
         return v(NO_EVIDENCE, f"on this machine ({why})")
     w, f = ran("witness"), ran("fix")
     reproduced = Outcome.BUG_REPRODUCED in w
