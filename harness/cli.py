@@ -209,7 +209,8 @@ def cmd_golden(args) -> int:
                        validate_sharding=args.validate_sharding == "true", tier=args.tier,
                        notes=args.notes))
         elif args.golden_cmd == "repair":
-            from harness.golden.repair import RepairError, repair_golden
+            from harness.golden.repair import repair_golden
+            from harness.golden.repair_plan import RepairError
 
             try:
                 print(repair_golden(args.dir, args.dst))
