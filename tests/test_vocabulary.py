@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.records import Expected, Outcome
-from harness.tiers import Backend, Tier
+from harness.tiers import MARKS, Backend, Tier
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted([*(ROOT / "harness").rglob("*.py"), *(ROOT / "bench").rglob("*.py")])
@@ -93,6 +93,14 @@ def test_no_scenario_name_in_code():
     found = [f"{p.relative_to(ROOT)}:{line}: {text!r}" for p in SOURCES
              for line, text in literals(p, None) if text.split("[", 1)[0].rstrip("*") in names]
     assert names and not found, "scenario names in code (scenarios/selections.toml holds them):\n" + "\n".join(found)
+
+
+def test_each_tier_has_its_registered_pytest_mark():
+    """conftest.py marks a tier's cells with harness/tiers.py's MARKS; pytest runs with
+    --strict-markers, so each must be registered in pyproject.toml."""
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    registered = {line.split(":")[0].strip() for line in ini["markers"]}
+    assert set(MARKS) == set(Tier) and set(MARKS.values()) <= registered, (MARKS, registered)
 
 
 def test_the_scan_sees_what_it_must_refuse(tmp_path):
