@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from harness.paths import RESULTS_DIR
+from harness.records import PATCHES, Patch
 from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--loads-per-save", type=bounded_int(1, 16), default=1,
                     help="loads drawn per (save topology, model size): cells sharing a save share its stage")
     sm.add_argument("--tier", choices=TIERS, default=Tier.GPU_SHARED)
-    sm.add_argument("--patch", choices=("none", "fix"), default="none")
+    sm.add_argument("--patch", choices=PATCHES, default=Patch.NONE.value)
     sm.add_argument("--slice", default="", metavar="K/N",
                     help="run the K-th of N slices of the draw (whole saves each; the N slices are the draw)")
     sm.add_argument("--list", action="store_true", help="print the drawn cells, run nothing")
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--topology", required=True)
     d.add_argument("--tier", default=Tier.GPU_SHARED, choices=TIERS)
     d.add_argument("--backend", default=Backend.TE, choices=BACKENDS)
-    d.add_argument("--patch", default="none", choices=("none", "fix"))
+    d.add_argument("--patch", default=Patch.NONE.value, choices=PATCHES)
     d.add_argument("--out", required=True)
     d.set_defaults(fn=cmd_dump)
 

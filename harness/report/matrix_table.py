@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from harness.records import CellRecord, Expected, Outcome, RunResults
+from harness.records import CellRecord, Expected, Outcome, RunResults, Stage
 from harness.scenario import selections
 
 COLUMNS = selections.listed("matrix", "table")
@@ -101,7 +101,7 @@ def _held(record: CellRecord) -> str:
     if record.verify:
         return held_after_load(record.verify)
     message = record.message or record.reason or ""
-    if record.failed_stage != "load":
+    if record.failed_stage != Stage.LOAD:
         return message.splitlines()[0][:160] if message else ""
     exc = (record.exception_type or "error").rsplit(".", 1)[-1]
     key = record.failing_key or failing_key(message)

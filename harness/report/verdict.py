@@ -26,13 +26,14 @@ harness/report/gate.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Mapping
 
 from harness.check.results_file import read_results
 from harness.report.summary import cause
 from harness.report.jobs import QUARANTINE, Job, Quarantine, job_cells, load_quarantine  # noqa: F401
-from harness.records import CellRecord, Outcome, RunResults
+from harness.records import CellRecord, Outcome, RunResults, Stage
 from harness.scenario.cells import Cell, Scenario
 from harness.scenario.machine import skip_kind
 from harness.scenario.scenarios import load_all
@@ -41,13 +42,22 @@ SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
 INCOMPLETE, NO_EVIDENCE, UNEXPECTED = "INCOMPLETE", "NO EVIDENCE", "UNEXPECTED FAILURE"
 NO_RULE = "RULE UNKNOWN"  # the (modelopt, megatron-core) pair has no rule: nothing to judge by
 UNDECIDED = (INCOMPLETE, NO_EVIDENCE)  # summarised once per job, not once per results file
+MISSING = "missing"  # an evidence cell no results file holds
+NOT_RUN = (MISSING, Outcome.SKIPPED, Outcome.INTERRUPTED)  # evidence that says nothing
+
+
+class Role(StrEnum):
+    """What an evidence cell stands for in a job's verdict."""
+
+    WITNESS = "witness"  # the unpatched scenario: does the bug still reproduce at the shapes?
+    FIX = "fix"  # the patched scenario: does harness.fix make the shapes pass?
 
 
 @dataclass
 class Evidence:
     cell_id: str
-    role: str  # "witness" | "fix"
-    outcome: str  # a results.json outcome, or "missing"
+    role: Role
+    outcome: str  # a results.json outcome, or MISSING
     note: str = ""
 
 
@@ -66,8 +76,7 @@ class Verdict:
     @property
     def ran(self) -> list[str]:
         """Evidence cells that ran (not missing, skipped or interrupted)."""
-        return [e.cell_id for e in self.evidence
-                if e.outcome not in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
+        return [e.cell_id for e in self.evidence if e.outcome not in NOT_RUN]
 
 
 Record = CellRecord | Mapping[str, Any]  # a results.json cell, read by CellRecord.of
@@ -138,7 +147,7 @@ def change_reason(old: Record, new: Record) -> str:
     v = new.verified
     ct = v.cross_topology
     parts = []
-    if old.failed_stage == "verify" and "logits" in (old.message or ""):
+    if old.failed_stage == Stage.VERIFY and "logits" in (old.message or ""):
         flips = f", {ct['routing_flips']} routing flip(s)" if ct.get("routing_flips") is not None else ""
         parts.append(f"its failure ({old.message}{flips}) compared the save topology's logits "
                      "with the load topology's: that is the cross-topology figure, now reported, "
@@ -162,11 +171,11 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     records = {cid: CellRecord.of(r) for cid, r in records.items()}
     rows, notes = [], {}
     stopped = {cid for cid, r in records.items() if r.outcome == Outcome.INTERRUPTED}
-    for role, cells in (("witness", witness), ("fix", fix)):
+    for role, cells in ((Role.WITNESS, witness), (Role.FIX, fix)):
         for c in cells:
             rec, notes[c.id] = rejudged(c, None if c.id in stopped else records.get(c.id))
             rows.append((c, role, rec))
-    evidence = [Evidence(c.id, role, r.outcome if r else Outcome.INTERRUPTED if c.id in stopped else "missing",
+    evidence = [Evidence(c.id, role, r.outcome if r else Outcome.INTERRUPTED if c.id in stopped else MISSING,
                          "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
                 for c, role, r in rows]
     tier = (witness or fix)[0].scenario.tier
@@ -189,21 +198,21 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
         return v(NO_RULE, f"{len(unruled)} evidence cell(s) ran without a prediction "
                           f"({', '.join(unruled)}): {why}")
     present = [r for _, _, r in rows if r]
-    if present and not ran("witness") and not ran("fix"):
+    if present and not ran(Role.WITNESS) and not ran(Role.FIX):
         reason = next((r.reason for r in present if r.reason), "") or ""
         kind = skip_kind(reason)
         why = f"tier {tier} needs a GPU" if kind and kind.lacks_gpus else reason
         return v(NO_EVIDENCE, f"on this machine ({why})")
-    w, f = ran("witness"), ran("fix")
+    w, f = ran(Role.WITNESS), ran(Role.FIX)
     reproduced = Outcome.BUG_REPRODUCED in w
     missing_fix = [e.cell_id for e in evidence
-                   if e.role == "fix" and e.outcome in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
-    if w and complete("witness") and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS) for o in w):
+                   if e.role == Role.FIX and e.outcome in NOT_RUN]
+    if w and complete(Role.WITNESS) and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS) for o in w):
         how = ("the bug no longer reproduces (this version was expected to fail)"
                if Outcome.UNEXPECTED_PASS in w else "this version's own rules expect it to pass, and it does")
         return v(SAFE, f"fixed upstream: unpatched, save {job.save.id} / loads {len(job.profile.loads)} "
                        f"pass: {how}")
-    if complete("fix") and all(o == Outcome.PASS for o in f):
+    if complete(Role.FIX) and all(o == Outcome.PASS for o in f):
         unpatched = ("unpatched the witness still reproduces the bug (BLOCKED without the patch)"
                      if reproduced else "no unpatched evidence here")
         return v(SAFE_WITH_PATCH, f"every patched cell at the job's shapes passes; {unpatched}")
@@ -211,7 +220,7 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
         fix_state = (f"fix evidence incomplete, missing {', '.join(missing_fix)}" if missing_fix
                      else f"fix cells: {', '.join(f)}")
         return v(BLOCKED, f"the unpatched witness reproduces the bug at the job's shapes; {fix_state}")
-    missing = [e.cell_id for e in evidence if e.outcome in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
+    missing = [e.cell_id for e in evidence if e.outcome in NOT_RUN]
     return v(INCOMPLETE, "cannot decide from this evidence"
              + (f"; missing {', '.join(missing)}" if missing else
                 f"; outcomes {', '.join(e.outcome for e in evidence)}"))

@@ -12,7 +12,7 @@ from harness.check.recipes import recipe_facts
 from harness.model.gpt import ModelSize, default_size
 from harness.model.recipes import DEFAULT_RECIPE
 from harness.paths import GOLDEN_DIR
-from harness.records import ExpectMode, Expected
+from harness.records import ExpectMode, Expected, Patch
 from harness.scenario.goldens import golden_layout, golden_topology
 from harness.paths import shown_path
 from harness.scenario.schema import ScenarioError
@@ -121,7 +121,7 @@ class Cell:
         kind = behaviour.kind_rule(facts.expert_kind) if facts else None
         if kind is None:
             return Expected.RULE_UNKNOWN  # a recipe, or an amax kind, with no rule for the pair
-        patched = s.patch == "fix"
+        patched = s.patch == Patch.FIX
         if behaviour.cannot_save and s.backend == Backend.TE:  # every sharded_state_dict call raises
             return Expected.FAIL_LOAD if self.golden else Expected.FAIL_SAVE
         if self.golden and not patched:
