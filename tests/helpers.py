@@ -1,0 +1,101 @@
+"""What several test modules share, so no test module imports another (an import runs that
+module's top level, its skips and probes, inside the importing one, and ties the two together).
+
+Processes run through harness/launch/bounded.py; what is test-only is that a timeout fails the
+test, and the facts of the interrupt tests and of tools/gitlab-ci-local.sh.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from harness.launch import bounded as bounded_process
+from harness.paths import REPO_ROOT
+
+# tools/gitlab-ci-local.sh: the pin is its default unless GITLAB_CI_LOCAL_VERSION overrides it
+GITLAB_CI_LOCAL = REPO_ROOT / "tools" / "gitlab-ci-local.sh"
+GITLAB_CI_LOCAL_VERSION = os.environ.get("GITLAB_CI_LOCAL_VERSION") or re.search(
+    r"GITLAB_CI_LOCAL_VERSION:-([0-9][^}]*)\}", GITLAB_CI_LOCAL.read_text()).group(1)
+MISSING_PREREQUISITE = 127  # the script's exit status when node, npm, ... is missing
+
+# A cpu save-only cell: the interrupt tests hang its ranks (HARNESS_INJECT) until a signal comes.
+CPU_SAVE_ONLY_CELL = "cpu-reshard[save=tp1-etp1-ep2-pp1,save-only]"
+TEARDOWN_LIMIT_S = 15.0  # signal -> controller gone, every rank with it
+
+
+def bounded(cmd: list[str], timeout: float, **popen_kw) -> bounded_process.Finished:
+    """``cmd`` to its end, text on pipes; running past ``timeout`` (its whole group then
+    killed) fails the test with the tail of its stderr."""
+    done = bounded_process.run(cmd, timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, **popen_kw)
+    if done.timed_out:
+        raise AssertionError(f"{cmd[:3]} ran past {timeout} s\n--- stderr\n{done.stderr[-4000:]}")
+    return done
+
+
+def start_cli(root: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """``python -m harness --results-root ROOT ARGS`` in a session of its own, output on a pipe."""
+    return bounded_process.start(
+        [sys.executable, "-m", "harness", "--results-root", str(root), *args],
+        cwd=REPO_ROOT, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def stage_processes(root: Path) -> list[int]:
+    """Processes whose stage or warm pool directory lies under ``root`` (ranks and torchrun;
+    pool ranks get their stage directory per job, so they are found by their pool's)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            env = p.environ()
+            if any(str(root) in env.get(k, "") for k in ("HARNESS_STAGE_DIR", "HARNESS_POOL_DIR")):
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def pool_processes(root: Path) -> list[int]:
+    """Live processes of any pool under ``root`` (the pool dir is in their environment)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if str(root) in p.environ().get("HARNESS_POOL_DIR", "") \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def wait_for(pred, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def interrupt_a_hung_stage(root: Path, sig: signal.Signals) -> tuple[subprocess.Popen, str, float]:
+    """Start a cell whose ranks all hang after building the model (only a signal ends it), send
+    ``sig`` the way a terminal (SIGINT to the process group) or CI (SIGTERM) does; returns the
+    finished process, its output and the seconds from the signal to its exit."""
+    proc = start_cli(root, "run", "--cells", CPU_SAVE_ONLY_CELL, "--label", "interrupt",
+                     env={"HARNESS_INJECT": "hang:*:after_build"})
+    try:
+        assert wait_for(lambda: len(stage_processes(root)) >= 3, 120), "stage never started"
+        time.sleep(1.0)
+        sent = time.monotonic()
+        os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)
+        out = bounded_process.finish(proc, 60).raise_if_timed_out().stdout
+        return proc, out, time.monotonic() - sent
+    finally:
+        bounded_process.kill_group(proc)
