@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-MARK_FOR_TIER = {"cpu": "cpu", "gpu-shared": "gpu_shared", "gpu": "gpu"}
+from harness.tiers import MARKS
 
 
 def pytest_addoption(parser):
@@ -176,12 +176,12 @@ def pytest_generate_tests(metafunc):
         except ScenarioError as exc:
             errors.append(exc if exc.path else ScenarioError(f"{shown_path(src)}: {exc}", src, scenario.name))
             continue
-        marks = [getattr(pytest.mark, MARK_FOR_TIER[scenario.tier])]
-        marks += [getattr(pytest.mark, m) for m in scenario.markers if m not in MARK_FOR_TIER.values()]
+        marks = [getattr(pytest.mark, MARKS[scenario.tier])]
+        marks += [getattr(pytest.mark, m) for m in scenario.markers if m not in MARKS.values()]
         for cell in cells:
             group = pytest.mark.xdist_group(cell.save_id)
             params.append(pytest.param(cell, id=cell.id, marks=[*marks, group]))
-    every_tier = [getattr(pytest.mark, m) for m in MARK_FOR_TIER.values()]  # shown under any -m tier
+    every_tier = [getattr(pytest.mark, m) for m in MARKS.values()]  # shown under any -m tier
     for exc in errors:
         if wanted and exc.name not in wanted:
             continue

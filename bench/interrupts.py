@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.test_interrupts import interrupt_a_hung_stage, stage_processes  # noqa: E402
+from tests.helpers import interrupt_a_hung_stage, stage_processes  # noqa: E402
 
 
 def main() -> None:

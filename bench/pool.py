@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import statistics
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.launch import bounded  # noqa: E402
 from harness.records import Outcome  # noqa: E402
 from harness.scenario.selections import bench_choice  # noqa: E402
 from harness.tiers import STAGE_MODES as MODES  # noqa: E402
@@ -93,17 +93,13 @@ def repro(mode: str, root: Path) -> float:
     repo = Path(__file__).resolve().parent.parent
     env = {**os.environ, "HARNESS_STAGE_MODE": mode}
     t = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "--results-root", str(root / mode),
-                             "repro"], cwd=repo, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        rc = proc.wait(timeout=REPRO_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    done = bounded.run([sys.executable, "-m", "harness", "--results-root", str(root / mode),
+                        "repro"], REPRO_TIMEOUT_S, cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.STDOUT)
+    if done.timed_out:
         raise SystemExit(f"{mode}: repro still running after {REPRO_TIMEOUT_S} s; killed")
-    if rc != 0:
-        raise SystemExit(f"{mode}: repro exited {rc}")
+    if done.returncode != 0:
+        raise SystemExit(f"{mode}: repro exited {done.returncode}")
     return time.monotonic() - t
 
 

@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.launch import bounded  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1800
@@ -29,13 +32,9 @@ TIMEOUT_S = 1800
 def child(argv: list[str]) -> dict:
     """Run ``argv``; its wall seconds, peak RSS (MiB) and exit code. Killed with its group on timeout."""
     start = time.monotonic()
-    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        out, err = p.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        raise
+    done = bounded.run(argv, TIMEOUT_S, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}).raise_if_timed_out()
+    out, err = done.stdout, done.stderr
     # the child prints its own peak RSS at exit (_PEAK): RUSAGE_CHILDREN would be the maximum
     # over every child so far, not this one's
     wall = time.monotonic() - start
@@ -44,7 +43,7 @@ def child(argv: list[str]) -> dict:
         if line.startswith("PEAK_RSS_KB "):
             peak = int(line.split()[1]) / 1024
     return {"wall_s": round(wall, 2), "peak_rss_mib": round(peak, 1) if peak else None,
-            "rc": p.returncode, "stdout_tail": out.decode()[-400:], "stderr_tail": err.decode()[-400:]}
+            "rc": done.returncode, "stdout_tail": out.decode()[-400:], "stderr_tail": err.decode()[-400:]}
 
 
 # Runs the harness CLI in-process and prints the process's peak RSS to stderr at exit.

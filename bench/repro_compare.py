@@ -21,11 +21,14 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.launch import bounded  # noqa: E402
 
 SIDE_TIMEOUT_S = 1800  # one repro; the GPU one takes 60-130 s, the cpu one 40-100 s
 
@@ -52,20 +55,12 @@ def run_side(out: Path, results: Path, name: str, tree: Path, env: dict[str, str
     cmd = [sys.executable, "-m", "harness", "--results-root", str(results.resolve() / name), "repro"]
     start = time.monotonic()
     with log.open("w") as f:
-        proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, **env}, stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=SIDE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pass  # killed below, as on any other way out
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        done = bounded.run(cmd, SIDE_TIMEOUT_S, cwd=tree, env={**os.environ, **env}, stdout=f,
+                           stderr=subprocess.STDOUT)
         wall = time.monotonic() - start
         f.write(f"wall: {wall:.1f} s\n")
-    print(f"repro {name}: rc {proc.returncode}, {wall:.1f} s, {log}", file=sys.stderr)
-    return log, proc.returncode
+    print(f"repro {name}: rc {done.returncode}, {wall:.1f} s, {log}", file=sys.stderr)
+    return log, done.returncode
 
 
 def run_sides(argv: list[str]) -> tuple[list[str], list[str]]:

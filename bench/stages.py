@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.launch import bounded  # noqa: E402
 from harness.records import Outcome  # noqa: E402
 from harness.scenario.selections import bench_choice  # noqa: E402
 
@@ -55,7 +55,7 @@ def main() -> int:
         print(f"  {k:24} {statistics.median(vals):8.2f} {min(vals):8.2f} {max(vals):8.2f}")
     if args.suite:
         t = time.monotonic()
-        rc = subprocess.run(["make", "test"], timeout=3600).returncode
+        rc = bounded.run(["make", "test"], 3600).raise_if_timed_out().returncode
         print(f"make test: {time.monotonic() - t:.0f} s (exit {rc})")
     return 0
 

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from harness.paths import RESULTS_DIR
+from harness.records import PATCHES, Patch
 from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 
@@ -120,7 +121,7 @@ def cmd_dump(args) -> int:
 def cmd_verdict(args) -> int:
     """Judge the given results.json files, or run the quarantined jobs' cells here first; with
     ``--gate``, one job's verdict as the gate's exit code (harness/report/gate.py)."""
-    from harness.report import gate, verdict
+    from harness.report import gate, verdict, verdict_text
     from harness.report.jobs import QUARANTINE_ENV, ProfileError
 
     if getattr(args, "quarantine", None):  # every later load_quarantine takes this file
@@ -153,7 +154,7 @@ def cmd_verdict(args) -> int:
 
     cells = verdict.cells_to_run()
     if all(tier_skip_reason(c.scenario.tier, c.world) for c in cells):
-        print(verdict.no_evidence_line(cells[0].scenario.tier))  # nothing could run here
+        print(verdict_text.no_evidence_line(cells[0].scenario.tier))  # nothing could run here
         return gate.EXIT_UNDECIDED if args.gate else 0
     print(f"running {len(cells)} verdict cell(s) with the installed modelopt", file=sys.stderr)
     doc = run_cells(cells, Path(args.results_root), label="verdict", out=sys.stderr)
@@ -164,10 +165,10 @@ def cmd_verdict(args) -> int:
 
 
 def _judge(args, docs) -> int:
-    from harness.report import gate, verdict
+    from harness.report import gate, verdict_text
 
     if not args.gate:
-        return verdict.main(docs, args.job)
+        return verdict_text.main(docs, args.job)
     try:
         return gate.main(docs, args.job, args.patched)
     except gate.GateUsage as exc:
@@ -209,7 +210,8 @@ def cmd_golden(args) -> int:
                        validate_sharding=args.validate_sharding == "true", tier=args.tier,
                        notes=args.notes))
         elif args.golden_cmd == "repair":
-            from harness.golden.repair import NothingToRepair, RepairError, repair_golden
+            from harness.golden.repair import repair_golden
+            from harness.golden.repair_plan import NothingToRepair, RepairError
 
             try:
                 print(repair_golden(args.dir, args.dst))
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--loads-per-save", type=bounded_int(1, 16), default=1,
                     help="loads drawn per (save topology, model size): cells sharing a save share its stage")
     sm.add_argument("--tier", choices=TIERS, default=Tier.GPU_SHARED)
-    sm.add_argument("--patch", choices=("none", "fix"), default="none")
+    sm.add_argument("--patch", choices=PATCHES, default=Patch.NONE.value)
     sm.add_argument("--slice", default="", metavar="K/N",
                     help="run the K-th of N slices of the draw (whole saves each; the N slices are the draw)")
     sm.add_argument("--list", action="store_true", help="print the drawn cells, run nothing")
@@ -289,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--topology", required=True)
     d.add_argument("--tier", default=Tier.GPU_SHARED, choices=TIERS)
     d.add_argument("--backend", default=Backend.TE, choices=BACKENDS)
-    d.add_argument("--patch", default="none", choices=("none", "fix"))
+    d.add_argument("--patch", default=Patch.NONE.value, choices=PATCHES)
     d.add_argument("--out", required=True)
     d.set_defaults(fn=cmd_dump)
 
@@ -371,11 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         from harness.scenario.machine import version_problem
 
         problem = version_problem()
-        if problem and ("not installed" in problem or "set HARNESS_ANY_MCORE" in problem):
-            print(f"error: {problem}", file=sys.stderr)
+        if problem and problem.fatal:
+            print(f"error: {problem.line}", file=sys.stderr)
             return 2
         if problem:
-            print(f"warning: {problem}", file=sys.stderr)
+            print(f"warning: {problem.line}", file=sys.stderr)
         if not getattr(args, "stage_mode", None):  # --stage-mode overrides the variable
             from harness.launch.pool import stage_mode
 

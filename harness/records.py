@@ -54,6 +54,24 @@ class ExpectMode(StrEnum):
     ORACLE = "oracle"  # the pair's rule decides per cell
 
 
+class Stage(StrEnum):
+    """A step of a cell as spec files and records name it (StageSpec.stage, StageResult.stage,
+    CellRecord.failed_stage) and rank 0 times it (``<stage>.<phase>`` durations)."""
+
+    SAVE = "save"
+    LOAD = "load"
+    GOLDEN = "golden"  # a committed checkpoint stands in for the save (harness/run/cell.py)
+    VERIFY = "verify"  # the load's comparison of state and logits with the saved reference
+    DUMP_METADATA = "dump-metadata"  # a topology's sharded-state-dict metadata, recorded
+
+
+class Patch(StrEnum):
+    """Whether a cell's ranks apply harness.fix before saving and loading."""
+
+    NONE = "none"
+    FIX = "fix"
+
+
 class CauseKind(StrEnum):
     """How a stage's first failure showed (harness/launch/failures.py)."""
 
@@ -65,6 +83,7 @@ class CauseKind(StrEnum):
 
 
 EXPECT_MODES = tuple(m.value for m in ExpectMode)
+PATCHES = tuple(p.value for p in Patch)
 OUTCOMES = tuple(Outcome)
 # The harness saw what it expected.
 GOOD_OUTCOMES = (Outcome.PASS, Outcome.BUG_REPRODUCED)

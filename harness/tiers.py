@@ -58,6 +58,9 @@ TABLE = {
 TIERS = tuple(t.value for t in Tier)
 BACKENDS = tuple(b.value for b in Backend)
 STAGE_MODES = tuple(m.value for m in StageMode)
+# The pytest mark of each tier's cells (conftest.py): its name as an identifier, registered in
+# pyproject.toml, so `-m gpu_shared` selects them.
+MARKS = {t: t.value.replace("-", "_") for t in Tier}
 
 
 def facts(tier: str) -> TierFacts:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from harness.scenario.machine import skip_reason
-from harness.records import GOOD_OUTCOMES
+from harness.records import GOOD_OUTCOMES, Outcome
 
 
 def test_cell(cell, run_dir):
@@ -14,7 +14,7 @@ def test_cell(cell, run_dir):
     from harness.run.cell import run_cell
 
     rec = run_cell(cell, run_dir)
-    if rec.outcome == "blocked":
+    if rec.outcome == Outcome.BLOCKED:
         pytest.skip(rec.reason)
     assert rec.outcome in GOOD_OUTCOMES, (
         f"{rec.outcome} (expected {rec.expected}) at {rec.failed_stage or '-'}: "

@@ -15,7 +15,7 @@ import pytest
 from harness.check.results_file import INCOMPLETE_LINE, ResultsFileError, read_results
 from harness.golden import inspect
 from harness.records import OUTCOMES
-from harness.report import summary, verdict
+from harness.report import summary, verdict, verdict_text
 
 pytestmark = pytest.mark.cpu
 
@@ -243,7 +243,7 @@ def test_incomplete_run_is_reported_as_such(tmp_path, capsys):
     head = (path.parent / "summary.md").read_text().splitlines()[:4]
     assert any(INCOMPLETE_LINE in line for line in head), head
     capsys.readouterr()
-    verdict.main(verdict.read_docs([path, RUN]))
+    verdict_text.main(verdict.read_docs([path, RUN]))
     own, other, together = capsys.readouterr().out.split("\n\n")
     assert str(path) in own and INCOMPLETE_LINE in own
     assert str(RUN) in other and INCOMPLETE_LINE not in other
@@ -253,7 +253,7 @@ def test_incomplete_run_is_reported_as_such(tmp_path, capsys):
 @pytest.mark.usefixtures("baseline_profiles")
 def test_complete_run_says_nothing_about_it(tmp_path, capsys):
     assert INCOMPLETE_LINE not in summary.markdown_summary(_good())
-    verdict.main(verdict.read_docs([RUN]))
+    verdict_text.main(verdict.read_docs([RUN]))
     assert INCOMPLETE_LINE not in capsys.readouterr().out
 
 
@@ -284,6 +284,6 @@ def test_an_interrupted_cell_counts_as_missing_evidence(tmp_path, capsys):
     assert [e.outcome for e in vd.evidence if e.role == "fix"] == ["pass", "interrupted"]
     # An older complete run's result is not overridden by a newer interrupted cell.
     older = _job_doc(job, "whole", "1", ["pass", "pass"])
-    text, verdicts = verdict.verdict_report([("older", older), (label, read)])
+    text, verdicts = verdict_text.verdict_report([("older", older), (label, read)])
     together = [v for v in verdicts if v.job.id == job][-1]
     assert together.word == verdict.SAFE_WITH_PATCH, together.detail

@@ -3,7 +3,6 @@ and one line, and a matrix row for a version that does not exist turns the run r
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.run import matrix
+from tests.helpers import bounded
 
 pytestmark = pytest.mark.cpu
 
@@ -23,8 +23,7 @@ PYTHON_TARGETS = ("repro", "test", "test-slow", "test-all", "test-gpu", "witness
 @pytest.mark.parametrize("target", PYTHON_TARGETS)
 def test_make_target_stops_without_python(target):
     env = {**os.environ, "HARNESS_PYTHON": "bogus"}
-    done = subprocess.run(["make", "-s", target], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = bounded(["make", "-s", target], 60, cwd=REPO, env=env)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "HARNESS_PYTHON must be system, venv or auto (got 'bogus')" in done.stderr
     assert "command not found" not in done.stderr
@@ -46,8 +45,7 @@ def test_matrix_row_that_cannot_run_is_an_error(tmp_path, monkeypatch, capsys):
 
 def test_matrix_cli_unknown_release_exits_nonzero(tmp_path):
     """End to end through tools/matrix-env.sh: pip finds no such release (or no registry)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "--results-root", str(tmp_path), "matrix",
-         "--modelopt", "9.9.9"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = bounded([sys.executable, "-m", "harness", "--results-root", str(tmp_path), "matrix",
+                    "--modelopt", "9.9.9"], 600, cwd=REPO)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "matrix: error: modelopt 9.9.9" in done.stderr

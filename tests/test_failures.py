@@ -143,7 +143,7 @@ def test_all_timed_out_odd_call_site_is_the_mismatch():
 
 def test_failing_key_of_a_key_the_checkpoint_lacks():
     """modelopt 0.48.0rc1 loading a 0.47.0 checkpoint saved without validation (seen on the H200)."""
-    from harness.launch.failures import failing_key
+    from harness.check.keys import failing_key
 
     text = ('KeyError: "decoder.layers.0.mlp.experts.experts.4.linear_fc1.weight_quantizer._amax '
             "from model not in state dict: ['common_state/shard_0_1', ...]\"")

@@ -23,7 +23,8 @@ import torch
 
 import harness.fix as fix
 from harness.fix import modelopt_0_47_0 as fx
-from tests.test_gitlab_ci_local_install import bounded
+from harness.launch.bounded import Finished
+from tests.helpers import bounded
 
 REPO = Path(__file__).resolve().parents[1]
 DIFF = REPO / "patches" / "nvidia-modelopt-0.47.0-expert-amax-resharding.diff"
@@ -387,7 +388,7 @@ def test_autoload_chains_other_sitecustomize_and_arms_lazily(tmp_path):
     assert ran == "ran" and first_finder != "_ApplyAfterImport"  # off: chains, arms nothing
 
 
-def _autoload_python(fix_value: str | None, code: str) -> subprocess.CompletedProcess:
+def _autoload_python(fix_value: str | None, code: str) -> Finished:
     """``python -W ignore -c CODE`` through the autoload route, bounded; warnings off so that
     stderr holds only what the route itself says."""
     env = {k: v for k, v in os.environ.items() if k != "MOE_CKPT_FIX"}

@@ -9,7 +9,6 @@ These run the real script with stand-ins for node and npm (no registry): seconds
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -19,27 +18,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TOOL = ROOT / "tools" / "gitlab-ci-local.sh"
-# the pin: tools/gitlab-ci-local.sh's default, unless GITLAB_CI_LOCAL_VERSION overrides it
-VERSION = os.environ.get("GITLAB_CI_LOCAL_VERSION") or re.search(
-    r"GITLAB_CI_LOCAL_VERSION:-([0-9][^}]*)\}", TOOL.read_text()).group(1)
-MISSING_PREREQUISITE = 127  # the script's exit status when node, npm, ... is missing
+from harness.launch import bounded as bounded_process
+from harness.launch.bounded import Finished
+from harness.paths import REPO_ROOT
+from tests.helpers import GITLAB_CI_LOCAL, GITLAB_CI_LOCAL_VERSION, MISSING_PREREQUISITE, bounded
 
 pytestmark = pytest.mark.cpu
-
-
-def bounded(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
-    """``cmd`` in a session of its own, killed with every process of it on timeout."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, **kw)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        raise AssertionError(f"{cmd[:3]} ran past {timeout} s\n--- stderr\n{err[-4000:]}")
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 FAKE_NPM = r"""#!/bin/bash
@@ -70,8 +54,9 @@ def sandbox(tmp_path):
     fake npm and a node that reports version 20; returns (root, env, npm call log)."""
     root = tmp_path / "repo"
     (root / "tools").mkdir(parents=True)
-    shutil.copy(TOOL, root / "tools")
-    shutil.copytree(ROOT / "tools" / "gitlab-ci-local-re2", root / "tools" / "gitlab-ci-local-re2")
+    shutil.copy(GITLAB_CI_LOCAL, root / "tools")
+    shutil.copytree(REPO_ROOT / "tools" / "gitlab-ci-local-re2",
+                    root / "tools" / "gitlab-ci-local-re2")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
@@ -82,11 +67,12 @@ def sandbox(tmp_path):
         (bin_dir / fake).chmod(0o755)
     log = tmp_path / "npm-calls"
     env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "FAKE_LOG": str(log),
-           "FAKE_VERSION": VERSION, "GITLAB_CI_LOCAL_VERSION": VERSION}
+           "FAKE_VERSION": GITLAB_CI_LOCAL_VERSION,
+           "GITLAB_CI_LOCAL_VERSION": GITLAB_CI_LOCAL_VERSION}
     return root, env, log
 
 
-def run_tool(root: Path, env: dict, *args: str, **extra) -> subprocess.CompletedProcess:
+def run_tool(root: Path, env: dict, *args: str, **extra) -> Finished:
     return bounded(["bash", str(root / "tools" / "gitlab-ci-local.sh"), *args], 60,
                    cwd=root, env={**env, **extra})
 
@@ -96,18 +82,14 @@ def npm_calls(log: Path) -> int:
 
 
 def start_tool(root: Path, env: dict, *args: str, **extra) -> subprocess.Popen:
-    return subprocess.Popen(["bash", str(root / "tools" / "gitlab-ci-local.sh"), *args], cwd=root,
-                            env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return bounded_process.start(["bash", str(root / "tools" / "gitlab-ci-local.sh"), *args],
+                                 cwd=root, env={**env, **extra}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
 
 
 def finish(p: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        raise
-    return p.returncode, out, err
+    done = bounded_process.finish(p, timeout).raise_if_timed_out()
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_concurrent_callers_wait_for_one_install(sandbox):
@@ -119,7 +101,8 @@ def test_concurrent_callers_wait_for_one_install(sandbox):
         rc, out, err = finish(p)
         assert rc == 0 and out.startswith("ran ") and "--list" in out, (rc, out, err)
     assert npm_calls(log) == 1
-    assert (root / ".ci-tools" / "installed").read_text().startswith(f"gitlab-ci-local@{VERSION} ")
+    installed = (root / ".ci-tools" / "installed").read_text()
+    assert installed.startswith(f"gitlab-ci-local@{GITLAB_CI_LOCAL_VERSION} ")
     rc = run_tool(root, env, "--list")
     assert rc.returncode == 0 and npm_calls(log) == 1, "a complete install is not redone"
 
@@ -150,7 +133,7 @@ def test_an_interrupted_install_is_redone(sandbox, sig):
         time.sleep(0.1)
     assert npm_calls(log) == 1, "the first caller never started npm"
     os.killpg(first.pid, sig)
-    first.communicate(timeout=30)
+    finish(first, 30)
     second = run_tool(root, env, "--list")
     assert second.returncode == 0 and second.stdout.startswith("ran "), second
     assert npm_calls(log) == 2, "the interrupted install was taken for a complete one"
@@ -173,8 +156,8 @@ def test_without_node_these_tests_skip_with_one_reason(sandbox, tmp_path):
     (Path(env["PATH"]) / "node").unlink()
     proc = bounded([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                     "-m", "not slow", "--results-root", str(tmp_path / "r"),
-                    str(ROOT / "tests" / "test_gitlab_pipeline.py")],
-                   300, cwd=ROOT, env={**os.environ, "PATH": env["PATH"]})
+                    str(REPO_ROOT / "tests" / "test_gitlab_pipeline.py")],
+                   300, cwd=REPO_ROOT, env={**os.environ, "PATH": env["PATH"]})
     reasons = [ln for ln in proc.stdout.splitlines() if ln.startswith("SKIPPED")]
     # exit 5: pytest ran no test (the whole module skipped), as it is alone here
     assert proc.returncode == 5 and len(reasons) == 1, proc.stdout[-3000:]

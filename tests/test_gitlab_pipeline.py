@@ -23,14 +23,17 @@ import subprocess
 
 import pytest
 
-from tests.test_gitlab_ci_local_install import MISSING_PREREQUISITE, ROOT, TOOL, VERSION, bounded
+from harness.launch.bounded import Finished
+from harness.paths import REPO_ROOT
+from tests.helpers import GITLAB_CI_LOCAL, GITLAB_CI_LOCAL_VERSION, MISSING_PREREQUISITE, bounded
 
 RUN_TIMEOUT_S = 120
 LINT_JOB_TIMEOUT_S = 900
 # The first call installs gitlab-ci-local from the npm registry (about 10 s: nothing compiles).
 INSTALL_TIMEOUT_S = 900
 
-_prerequisites = bounded(["bash", str(TOOL), "--prerequisites"], RUN_TIMEOUT_S, cwd=ROOT)
+_prerequisites = bounded(["bash", str(GITLAB_CI_LOCAL), "--prerequisites"], RUN_TIMEOUT_S,
+                         cwd=REPO_ROOT)
 if _prerequisites.returncode == MISSING_PREREQUISITE:  # no node/npm here: one reason line
     pytest.skip(_prerequisites.stderr.strip().splitlines()[-1], allow_module_level=True)
 
@@ -46,13 +49,14 @@ STAGE = {"lint": "lint", "cpu-tests": "cpu", "cpu-slow-tests": "cpu", "build-ima
          "bug-witness": "gpu", "report": "report", "pairs-nightly": "gpu", "unquarantine-gate": "report"}
 
 
-def _gcl(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+def _gcl(*args: str, timeout: float = RUN_TIMEOUT_S) -> Finished:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CI_")}
     env["FORCE_COLOR"] = "0"
-    return bounded(["bash", str(TOOL), "--no-color", *args], timeout, cwd=ROOT, env=env)
+    return bounded(["bash", str(GITLAB_CI_LOCAL), "--no-color", *args], timeout, cwd=REPO_ROOT,
+                   env=env)
 
 
-def _ok(proc: subprocess.CompletedProcess) -> str:
+def _ok(proc: Finished) -> str:
     assert proc.returncode == 0, (
         f"gitlab-ci-local exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
         f"\n--- stderr\n{proc.stderr[-4000:]}")
@@ -62,7 +66,7 @@ def _ok(proc: subprocess.CompletedProcess) -> str:
 def _installed() -> None:
     """Install (or find) gitlab-ci-local: it must run and print the pinned version."""
     proc = _gcl("--version", timeout=INSTALL_TIMEOUT_S)
-    assert _ok(proc).strip() == VERSION, proc.stdout
+    assert _ok(proc).strip() == GITLAB_CI_LOCAL_VERSION, proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +225,7 @@ def test_cache_key_files_within_gitlab_limit(preview):
         for cache in preview[name]["cache"]:
             files = cache["key"]["files"]
             assert 1 <= len(files) <= 2, f"{name}: GitLab takes one or two cache:key:files"
-            assert all((ROOT / f).is_file() for f in files), files
+            assert all((REPO_ROOT / f).is_file() for f in files), files
 
 
 @pytest.mark.slow
@@ -261,7 +265,7 @@ def test_regex_rules_are_evaluated_by_re2(gcl, tmp_path, branch, jobs):
     for cmd in (["init", "-q"], ["add", "."],
                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "rules"]):
         subprocess.run(["git", *cmd], cwd=tmp_path, check=True, timeout=60, capture_output=True)
-    binary = ROOT / ".ci-tools" / "node_modules" / ".bin" / "gitlab-ci-local"
+    binary = REPO_ROOT / ".ci-tools" / "node_modules" / ".bin" / "gitlab-ci-local"
     proc = bounded([str(binary), "--no-color", "--state-dir", str(tmp_path / "state"),
                     "--home", str(tmp_path / "home"), "--list-json",
                     "--variable", f"BRANCH={branch}"], RUN_TIMEOUT_S, cwd=tmp_path)

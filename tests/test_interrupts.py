@@ -8,69 +8,19 @@ directory.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 
+from harness.launch import bounded as bounded_process
 from harness.paths import REPO_ROOT
+from tests.helpers import (CPU_SAVE_ONLY_CELL, TEARDOWN_LIMIT_S, interrupt_a_hung_stage,
+                           stage_processes, start_cli)
 
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("interrupts")]
-SAVE_ONLY = "cpu-reshard[save=tp1-etp1-ep2-pp1,save-only]"
-TEARDOWN_LIMIT_S = 15.0  # signal -> controller gone, every rank with it
-
-
-def start_cli(root: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "harness", "--results-root", str(root), *args],
-        cwd=REPO_ROOT, env={**os.environ, **(env or {})}, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def stage_processes(root: Path) -> list[int]:
-    """Processes whose stage or warm pool directory lies under ``root`` (ranks and torchrun;
-    pool ranks get their stage directory per job, so they are found by their pool's)."""
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            env = p.environ()
-            if any(str(root) in env.get(k, "") for k in ("HARNESS_STAGE_DIR", "HARNESS_POOL_DIR")):
-                out.append(p.pid)
-        except psutil.Error:
-            continue
-    return out
-
-
-def wait_for(pred, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def interrupt_a_hung_stage(root: Path, sig: signal.Signals) -> tuple[subprocess.Popen, str, float]:
-    """Start a cell whose ranks all hang after building the model (only a signal ends it), send
-    ``sig`` the way a terminal (SIGINT to the process group) or CI (SIGTERM) does; returns the
-    finished process, its output and the seconds from the signal to its exit."""
-    proc = start_cli(root, "run", "--cells", SAVE_ONLY, "--label", "interrupt",
-                     env={"HARNESS_INJECT": "hang:*:after_build"})
-    try:
-        assert wait_for(lambda: len(stage_processes(root)) >= 3, 120), "stage never started"
-        time.sleep(1.0)
-        sent = time.monotonic()
-        os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
-        return proc, out, time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 # SIGTERM (a CI cancel) in fresh mode here; SIGINT in pool mode in tests/test_pool.py; SIGINT in
@@ -109,15 +59,14 @@ def test_runs_started_at_once_get_their_own_run_directories(tmp_path):
     get their own (the CLI's checkpoints, stages and pools live under it)."""
     n = 6
     start = time.time() + 3.0  # past every interpreter's start-up
-    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path), str(start), str(i)],
-                              cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
-                              start_new_session=True) for i in range(n)]
+    procs = [bounded_process.start([sys.executable, "-c", RACE, str(tmp_path), str(start), str(i)],
+                                   cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+             for i in range(n)]
     try:
-        names = [p.communicate(timeout=60)[0].strip() for p in procs]
+        names = [bounded_process.finish(p, 60).stdout.strip() for p in procs]
     finally:
         for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+            bounded_process.kill_group(p)
     assert [p.returncode for p in procs] == [0] * n, names
     assert len(set(names)) == n, names
     assert {(tmp_path / name / "owner").read_text() for name in names} == {str(i) for i in range(n)}
@@ -125,14 +74,15 @@ def test_runs_started_at_once_get_their_own_run_directories(tmp_path):
 
 @pytest.mark.slow
 def test_two_runs_started_at_once_share_nothing(tmp_path):
-    procs = [start_cli(tmp_path, "run", "--cells", SAVE_ONLY, "--label", "twin") for _ in range(2)]
-    outs = [p.communicate(timeout=400)[0] for p in procs]
+    procs = [start_cli(tmp_path, "run", "--cells", CPU_SAVE_ONLY_CELL, "--label", "twin")
+             for _ in range(2)]
+    outs = [bounded_process.finish(p, 400).stdout for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     runs = sorted(tmp_path.glob("*-twin*"))
     assert len(runs) == 2, runs  # same second, same label: still two directories
     for run in runs:
         doc = json.loads((run / "results.json").read_text())
-        assert [c["cell_id"] for c in doc["cells"]] == [SAVE_ONLY]
+        assert [c["cell_id"] for c in doc["cells"]] == [CPU_SAVE_ONLY_CELL]
         assert doc["cells"][0]["outcome"] == "pass", doc["cells"][0]
         assert (run / "saves").is_dir() and not doc.get("incomplete")
 

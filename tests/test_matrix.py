@@ -1,10 +1,12 @@
-"""harness.run.matrix: argument handling and table rendering only (no environment is built in CI)."""
+"""harness.run.matrix: argument handling, and harness/report/matrix_table.py: table rendering
+(no environment is built in CI)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
+from harness.report import matrix_table as T
 from harness.run import matrix as M
 
 pytestmark = pytest.mark.cpu
@@ -48,7 +50,7 @@ def test_cells_from_results_counts_outcomes_and_tiers():
         {"scenario": "cpu-reshard", "tier": "cpu", "outcome": "pass", "reason": None},
         {"scenario": "cpu-reshard", "tier": "cpu", "outcome": "unexpected-failure", "reason": None},
     ]}
-    cells = M.cells_from_results(doc)
+    cells = T.cells_from_results(doc)
     assert cells["witness"].text() == "2 skipped [gpu-shared] (tier gpu-shared needs a CUDA GPU)"
     assert cells["cpu-reshard"].text() == "1 pass, 1 unexpected-failure [cpu]"
 
@@ -60,9 +62,9 @@ def test_pytest_summary_parsing():
 
 
 def test_render_table_one_row_per_version():
-    rows = {"0.46.1": {"import": M.TableEntry({"pass": 1}, ["cpu"])},
-            "0.47.0": {"import": M.TableEntry(note="no env: timed out")}}
-    lines = M.render_table(rows).splitlines()
+    rows = {"0.46.1": {"import": T.TableEntry({"pass": 1}, ["cpu"])},
+            "0.47.0": {"import": T.TableEntry(note="no env: timed out")}}
+    lines = T.render_table(rows).splitlines()
     assert lines[0] == ("| modelopt + megatron-core | import | witness | second-bug | fix | goldens | cpu-reshard "
                         "| oracle |")
     assert lines[2] == "| 0.46.1 | 1 pass [cpu] | - | - | - | - | - | - |"
@@ -87,7 +89,7 @@ def test_second_bug_column_holds_witness_loads_with_several_experts_per_rank():
         _rec("gpu-witness", "tp4-etp1-ep8-pp1", "fail-load"),  # one expert per rank
         _rec("gpu-witness", None, "fail-save"),
     ]}
-    cells = M.cells_from_results(doc)
+    cells = T.cells_from_results(doc)
     assert cells["second-bug"].counts == {"bug-reproduced": 1}
     assert cells["second-bug"].note == "expert amax lost per load: 28/32"
     assert cells["witness"].counts == {"pass": 2}
@@ -99,7 +101,7 @@ def test_goldens_table_says_what_the_model_holds():
               "logits_effect": {"nonfinite_loaded": 7, "logits": 64, "nvfp4_rel_max_abs": 0.5}}
     rec = _rec("gpu-golden-witness", "tp1-etp1-ep1-pp1", "not-restored", outcome="bug-reproduced",
                verify=verify, cell_id="gpu-golden-witness[golden=g,load=tp1-etp1-ep1-pp1]")
-    table = M.goldens_table({"0.48.0rc1": [rec]})
+    table = T.goldens_table({"0.48.0rc1": [rec]})
     row = table.splitlines()[2]
     assert row.startswith("| 0.48.0rc1 | g,load=tp1-etp1-ep1-pp1 | bug-reproduced (expected not-restored) |")
     assert "16 restored, 16 placeholder-zero (of 32 saved)" in row and "7 of 64 non-finite" in row

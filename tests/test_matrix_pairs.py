@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.run import matrix
-from harness.run.matrix import TableEntry
+from harness.report.matrix_table import TableEntry
 
 pytestmark = pytest.mark.cpu
 

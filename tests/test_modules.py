@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from harness.model.gpt import GOLDEN_SIZE, GPU_SIZE, MODULE_FIELDS, ModelSize
 from harness.paths import GOLDEN_DIR, REPO_ROOT, SCENARIO_DIR
 from harness.scenario import machine
 from harness.scenario.scenarios import ScenarioError, load_scenario
+from tests.helpers import bounded
 
 pytestmark = pytest.mark.cpu
 
@@ -145,9 +145,9 @@ def test_pytest_collects_a_hybrid_scenario_and_skips_its_cells_with_one_line(tmp
     (d / "gpu_modules.toml").write_text((SCENARIO_DIR / "gpu_modules.toml").read_text())
     env = {**os.environ, "HARNESS_SCENARIO_DIR": str(d)}
     env.pop("PYTEST_ADDOPTS", None)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-rs",
-                        "--results-root", str(tmp_path / "results"), "tests/test_cells.py"],
-                       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = bounded([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-rs",
+                 "--results-root", str(tmp_path / "results"), "tests/test_cells.py"],
+                300, cwd=REPO_ROOT, env=env)
     assert r.returncode == 0 and "5 skipped" in r.stdout, r.stdout + r.stderr
     # pytest groups equal reasons: gpu-modules' 3 cells (the tier's), the hybrid's 2 (+ mamba-ssm)
     skips = [line for line in r.stdout.splitlines() if line.startswith("SKIPPED")]

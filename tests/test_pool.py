@@ -8,7 +8,6 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from harness.launch.pool import PoolKey, PoolSet
@@ -17,6 +16,7 @@ from harness.rank.spec import StageSpec
 from harness.report.equivalence import differences
 from harness.run.cells import run_cells, select_cells
 from harness.scenario.scenarios import load_all
+from tests.helpers import TEARDOWN_LIMIT_S, interrupt_a_hung_stage, pool_processes
 
 pytestmark = pytest.mark.cpu  # the tests of the `saved` pool go together (conftest.py)
 
@@ -25,19 +25,6 @@ CELLS = [f"cpu-reshard[save={SAVE},save-only]",
          f"cpu-reshard[save={SAVE},load=tp1-etp1-ep4-pp1]",
          f"cpu-reshard[save={SAVE},load=tp1-etp1-ep1-pp1-w2]",
          f"cpu-reshard[save={SAVE},load=tp1-etp1-ep1-pp2]"]
-
-
-def pool_processes(root: Path) -> list[int]:
-    """Live processes of any pool under ``root`` (the pool dir is in their environment)."""
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if str(root) in p.environ().get("HARNESS_POOL_DIR", "") \
-                    and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except psutil.Error:
-            continue
-    return out
 
 
 def same_records_and_reused_pools(tmp_path, monkeypatch, cell_ids: list[str], stages: int) -> None:
@@ -154,8 +141,6 @@ def test_a_timeout_kills_the_pool_in_bounded_time(saved):
 def test_an_interrupt_tears_the_pool_down(tmp_path, monkeypatch, sig):
     """The CLI in pool mode, every rank hung: the signal ends the run in bounded time, the
     cell is ``interrupted`` and no pool process is left (tests/test_interrupts.py, fresh mode)."""
-    from tests.test_interrupts import TEARDOWN_LIMIT_S, interrupt_a_hung_stage
-
     monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
     proc, out, gone_s = interrupt_a_hung_stage(tmp_path, sig)
     assert proc.returncode == 128 + sig, out

@@ -33,7 +33,7 @@ def test_repro_flow_prestarts_the_save_pool_that_serves_the_save_and_its_load(tm
     save's first phase and the phases still add up to the stage wall; the load finds it warm."""
     import json
 
-    from tests.test_pool import pool_processes
+    from tests.helpers import pool_processes
     from harness.report.equivalence import differences
     from harness.run import repro as repro_mod
 

@@ -20,7 +20,7 @@ from harness.model.recipes import DEFAULT_RECIPE, Recipe, RecipeError
 from harness.paths import REPO_ROOT
 from harness.records import Expected
 from harness.scenario.scenarios import ScenarioError, load_all_with_errors, load_scenario
-from tests.test_gitlab_ci_local_install import bounded
+from tests.helpers import bounded
 
 pytestmark = pytest.mark.cpu
 

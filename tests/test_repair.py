@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.golden import forecast, repair, synthetic
+from harness.golden import forecast, repair, repair_plan, synthetic
 from harness.golden.layout import inspect_checkpoint
 from harness.golden.manifest import copy_to_temp, verify_manifest
 from harness.scenario.scenarios import GOLDEN_DIR
@@ -73,7 +73,7 @@ def test_recomputed_amax_equals_the_complete_goldens_saved_amax_bit_for_bit(gold
             assert torch.equal(_bits(saved), _bits(again)), (lin, e)
             n += 1
     assert n == 32
-    plan = repair.plan_repair(goldens[B] / "ckpt", goldens[B].parent / "unused")
+    plan = repair_plan.plan_repair(goldens[B] / "ckpt", goldens[B].parent / "unused")
     assert plan.derived == {} and plan.dropped == [] and plan.rewritten_objects == []
 
 

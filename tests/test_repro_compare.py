@@ -5,14 +5,14 @@ The trees here are stand-ins whose `python -m harness ... repro` writes a result
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.test_gitlab_ci_local_install import bounded
+from harness.launch.bounded import Finished
+from tests.helpers import bounded
 
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def tree(tmp_path: Path, name: str) -> Path:
     return t
 
 
-def compare(*args) -> subprocess.CompletedProcess:
+def compare(*args) -> Finished:
     return bounded([sys.executable, str(SCRIPT), *map(str, args)], timeout=120)
 
 

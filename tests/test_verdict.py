@@ -1,4 +1,4 @@
-"""Quarantine verdict (harness/report/verdict.py) on the committed H200 evidence in tests/data/runs/ and on
+"""Quarantine verdict (harness/report/verdict.py, its text verdict_text.py) on the committed H200 evidence in tests/data/runs/ and on
 small hand-made results: BLOCKED, SAFE WITH PATCH, INCOMPLETE, SAFE, and the exit code."""
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from harness import cli
-from harness.report import verdict
+from harness.report import verdict, verdict_text
 from harness.report.jobs import quarantine_path
-from harness.scenario.machine import tier_skip_reason
+from harness.scenario.machine import SKIP_TEXTS, SkipKind, tier_skip_reason
+from harness.topology.topology import Topology
 
 pytestmark = pytest.mark.cpu
 
@@ -80,7 +81,7 @@ def test_fix_run_patch_where_cells_exist_incomplete_elsewhere():
 
 
 def test_main_on_committed_evidence_exit_zero(capsys):
-    rc = verdict.main(verdict.read_docs([WITNESS, FIX1]))
+    rc = verdict_text.main(verdict.read_docs([WITNESS, FIX1]))
     out = capsys.readouterr().out
     assert rc == 0
     assert "modelopt 0.47.0" in out and "all 2 runs together" in out
@@ -115,7 +116,7 @@ def test_unexpected_failure_exits_nonzero(tmp_path, capsys):
                      exception_type="AssertionError", message="3 per-expert amax differ")]
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_doc(recs)))
-    rc = verdict.main(verdict.read_docs([path]))
+    rc = verdict_text.main(verdict.read_docs([path]))
     out = capsys.readouterr().out
     assert rc == 1
     assert f"{NANO}: UNEXPECTED FAILURE" in out and "3 per-expert amax differ" in out
@@ -163,7 +164,7 @@ NO_JOB_CELLS = ["20261203-004730-density", "20261203-033850-pipeline", "20261203
 
 def test_results_without_evidence_say_so_once_not_per_file(capsys):
     docs = verdict.read_docs([RUNS / f"{n}.results.json" for n in NO_JOB_CELLS])
-    assert verdict.main(docs) == 0
+    assert verdict_text.main(docs) == 0
     _no_evidence_line(capsys.readouterr().out)
 
 
@@ -172,7 +173,7 @@ def test_an_undecided_job_is_one_summary_line_with_gpu_advice(capsys):
     Nano is one summary line (not an INCOMPLETE block per file) naming the cells to earn on a
     GPU host."""
     files = [FIX1] + [RUNS / f"{n}.results.json" for n in NO_JOB_CELLS]
-    assert verdict.main(verdict.read_docs(files)) == 0
+    assert verdict_text.main(verdict.read_docs(files)) == 0
     out = capsys.readouterr().out
     nano = [line for line in out.splitlines() if line.strip().startswith(f"{NANO}:")]
     assert len(nano) == 1, out
@@ -200,8 +201,8 @@ def _gate_cell_ids(job_id: str) -> list[str]:
 
     q = tomllib.loads(quarantine_path().read_text())
     job = next(j for j in q["jobs"] if j["id"] == job_id)
-    save = verdict.Topology.parse(job["save"]).id
-    (load,) = (verdict.Topology.parse(t).id for t in job["profile"]["loads"])
+    save = Topology.parse(job["save"]).id
+    (load,) = (Topology.parse(t).id for t in job["profile"]["loads"])
     profile = job["profile"]
     return [f"{name}[save={save},{tail}]"
             for name in (profile["witness_scenario"], profile["fix_scenario"])
@@ -267,7 +268,7 @@ def test_gate_usage_errors_are_exit_2_and_name_the_known_jobs():
     """Through the real CLI: an unknown job, --gate without --job, results of two pairs."""
     import tomllib
 
-    from tests.test_gitlab_ci_local_install import bounded
+    from tests.helpers import bounded
 
     known = [j["id"] for j in tomllib.loads(quarantine_path().read_text())["jobs"]]
     base = [sys.executable, "-W", "ignore", "-m", "harness", "verdict", "--results", str(WITNESS)]
@@ -308,7 +309,7 @@ def test_a_fixed_release_is_safe_by_its_own_rules_and_the_goldens_are_reported()
     cells.append(_record("gpu-golden-witness[golden=g,load=tp1-etp1-ep1-pp1]", "bug-reproduced",
                          expected="not-restored", scenario="gpu-golden-witness",
                          verify={"expert_amax_state": {"saved": 32, "absent": 32, "restored": 0}}))
-    text, vds = verdict.verdict_report([("run", _doc(cells, modelopt="0.48.0rc1"))])
+    text, vds = verdict_text.verdict_report([("run", _doc(cells, modelopt="0.48.0rc1"))])
     assert _by_job(vds)["nano-30b-a3b-qad"].word == verdict.SAFE
     assert "this version's own rules expect it to pass" in text
     assert "golden=g,load=tp1-etp1-ep1-pp1: bug-reproduced - expert amax after load: 32 absent" in text
@@ -322,6 +323,19 @@ def test_the_recorded_0_48_0rc1_run_clears_both_jobs():
     vds = _by_job(verdict.judge_doc(doc))
     assert {job: vd.word for job, vd in vds.items()} == {
         "nano-30b-a3b-qad": verdict.SAFE, "ultra-550b-a55b-nvfp4-ptq": verdict.SAFE}
+
+
+@pytest.mark.parametrize("kind, detail", [
+    (SkipKind.NO_GPU, "on this machine (tier gpu-shared needs a GPU)"),
+    (SkipKind.NO_TE, "on this machine (tier gpu-shared needs Transformer Engine: no GPU build)")])
+def test_no_evidence_says_what_this_machine_lacks_by_the_reasons_kind(kind, detail):
+    """Every evidence cell skipped: a machine without the GPUs says the tier needs one; any
+    other reason is shown as written (its words decide nothing, even where they say GPU)."""
+    reason = SKIP_TEXTS[kind].format(tier="gpu-shared", error="no GPU build")
+    witness, fix = _evidence_ids(NANO)
+    recs = [_record(c.id, "skipped", c.expected, reason=reason) for c in witness + fix]
+    v = _by_job(verdict.judge_doc(_doc(recs, "0.47.0")))[NANO]
+    assert (v.word, v.detail) == (verdict.NO_EVIDENCE, detail)
 
 
 def test_a_pair_without_a_rule_gets_no_verdict_but_says_which_pair():
@@ -339,7 +353,7 @@ def test_gate_script_gates_every_job_and_shows_the_step(tmp_path, patched, rc, p
     """tools/unquarantine-gate.sh (the CI job unquarantine-gate, `make gate`) on a committed run
     whose patched cells pass for both jobs: without GATE_PATCHED both stay quarantined (3),
     with it both gates pass and each prints the step that un-quarantines it."""
-    from tests.test_gitlab_ci_local_install import bounded
+    from tests.helpers import bounded
 
     run = tmp_path / "results" / "nightly"
     run.mkdir(parents=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.check.layouts import Restore
 from harness.check.plan import CellPlan
 from harness.check.recipes import recipe_facts
-from harness.records import ExpectMode, Expected
+from harness.records import ExpectMode, Expected, Patch
 from harness.tiers import Backend
 from harness.topology import oracle
 
@@ -31,7 +31,7 @@ def expected(plan: CellPlan, behaviour) -> str:
     kind = behaviour.kind_rule(facts.expert_kind) if facts else None
     if kind is None:
         return Expected.RULE_UNKNOWN  # a recipe, or an amax kind, with no rule for the pair
-    patched = plan.patch == "fix"
+    patched = plan.patch == Patch.FIX
     if behaviour.cannot_save and plan.backend == Backend.TE:  # every sharded_state_dict call raises
         return Expected.FAIL_LOAD if plan.golden else Expected.FAIL_SAVE
     if plan.golden and not patched and behaviour.golden_restore.get(plan.golden_layout) != Restore.RESTORED:

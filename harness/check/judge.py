@@ -19,7 +19,7 @@ from harness.check.expectation import expected
 from harness.check.plan import CellPlan
 from harness.check.recipes import recipe_facts
 from harness.check.versions import installed_mcore, plugin_problem
-from harness.records import CauseKind, CellRecord, Expected, Outcome, StageCause, StageResult
+from harness.records import CauseKind, CellRecord, Expected, Outcome, Patch, Stage, StageCause, StageResult
 from harness.tiers import on_cuda
 
 
@@ -121,7 +121,7 @@ def version_skip_reason(cell: CellPlan, behaviour, modelopt: str | None,
     """Why the pair (default megatron-core: the installed one) cannot run this cell meaningfully,
     or None."""
     mcore = mcore or installed_mcore()
-    if cell.patch == "fix" and not behaviour.fix_applies:
+    if cell.patch == Patch.FIX and not behaviour.fix_applies:
         from harness.fix import SUPPORTED_MCORE_VERSIONS, SUPPORTED_MODELOPT_VERSION
 
         return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only, "
@@ -150,7 +150,7 @@ def under_version(rec: CellRecord, cell: CellPlan, stage: StageResult | None) ->
     rec.expectations = behaviour.label
     rec.notice = behaviour.notice(rec.modelopt, rec.mcore)
     rec.expected = expected(cell, behaviour)
-    if stage is not None and stage.stage == "save" and stage.rank0.get("amax_kinds") is not None:
+    if stage is not None and stage.stage == Stage.SAVE and stage.rank0.get("amax_kinds") is not None:
         rec.amax_kinds = stage.rank0["amax_kinds"]
     if rec.notice is None and behaviour.known:
         rec.notice = recipe_notice(rec, cell, behaviour)
@@ -280,7 +280,7 @@ def _load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
     problems = verify_problems(rec.verify, known_gaps)
     if rec.expected == Expected.NOT_RESTORED:
         if problems:
-            rec.outcome, rec.failed_stage = Outcome.BUG_REPRODUCED, "verify"
+            rec.outcome, rec.failed_stage = Outcome.BUG_REPRODUCED, Stage.VERIFY
             rec.message = "; ".join(problems + [held_after_load(rec.verify)])
         else:
             rec.outcome = Outcome.UNEXPECTED_PASS
@@ -295,7 +295,7 @@ def _load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
         rec.reason = ("expected megatron-core to refuse the static per-block amax at another expert "
                       "TP (global shape mismatch), but the load passed: the limitation is gone")
     elif problems:
-        rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, "verify"
+        rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, Stage.VERIFY
         rec.message = "; ".join(problems)
     else:
         rec.outcome = Outcome.PASS
@@ -307,7 +307,7 @@ def _amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
                if not any(g.matches(k) for g in known_gaps)]
     rec.failing_key = missing[0] if missing else None
     if missing and all(is_expert_weight_amax(k) for k in missing) and not rec.verify.get("mismatch_count"):
-        rec.outcome, rec.failed_stage = Outcome.BUG_REPRODUCED, "verify"
+        rec.outcome, rec.failed_stage = Outcome.BUG_REPRODUCED, Stage.VERIFY
         rec.message = (f"{len(missing)} per-expert weight_quantizer amax absent after "
                        "load_state_dict (post-restore re-calibration through expert 0); "
                        + held_after_load(rec.verify))
@@ -316,7 +316,7 @@ def _amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
         rec.reason = ("expected per-expert amax to be lost after load_state_dict (second bug) "
                       "but every amax survived: that bug is gone in this modelopt")
     else:
-        rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, "verify"
+        rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, Stage.VERIFY
         rec.message = "; ".join(problems)
 
 
@@ -373,19 +373,19 @@ def stages_from_record(rec: CellRecord, cell: CellPlan) -> tuple[StageResult | N
         signal = named.group(0) if named else "SIGINT"
         if not failed:
             return None, None, signal
-        if failed != "load":
+        if failed != Stage.LOAD:
             return stage(failed, False, interrupted=signal), None, None
-        return stage("save", True), stage("load", False, interrupted=signal), None
+        return stage(Stage.SAVE, True), stage(Stage.LOAD, False, interrupted=signal), None
     if outcome == Outcome.SKIPPED:
         return None, None, None
-    save_name = "golden" if cell.golden else "save"
-    if failed in ("save", "golden") or outcome == Outcome.BLOCKED:
+    save_name = Stage.GOLDEN if cell.golden else Stage.SAVE
+    if failed in (Stage.SAVE, Stage.GOLDEN) or outcome == Outcome.BLOCKED:
         return failure(save_name), None, None
     if cell.load is None:
         return stage(save_name, True), None, None
-    if failed == "load":
-        return stage(save_name, True), failure("load"), None
-    return stage(save_name, True), stage("load", True, rank_results={"0": {"verify": rec.verify}}), None
+    if failed == Stage.LOAD:
+        return stage(save_name, True), failure(Stage.LOAD), None
+    return stage(save_name, True), stage(Stage.LOAD, True, rank_results={"0": {"verify": rec.verify}}), None
 
 
 def rejudge_record(rec: CellRecord | Mapping, cell: CellPlan | None) -> dict:
@@ -425,6 +425,6 @@ def _rejudgeable(rec: CellRecord, cell: CellPlan) -> bool:
     outcome = rec.outcome
     if outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.BLOCKED):
         return True
-    if rec.failed_stage == "verify" or (outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) and cell.load):
+    if rec.failed_stage == Stage.VERIFY or (outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) and cell.load):
         return bool(rec.verify)
     return outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) or bool(rec.failed_stage)

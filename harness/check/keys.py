@@ -42,3 +42,16 @@ def weight_amax_key(weight_key: str) -> str:
 def shared_weight_amax_key(m: re.Match) -> str:
     """The shared-layout amax key of the linear an ``EXPERT_WEIGHT`` match belongs to."""
     return f"{m['prefix']}.{m['name']}.{WEIGHT_AMAX_SUFFIX}"
+
+
+# The checkpoint key an error names. megatron-core dist_checkpointing/validation.py: "Invalid
+# access pattern for ShardedTensor(key='...'"; dist_checkpointing/strategies/torch.py, a key the
+# model asks for and the checkpoint lacks: KeyError: "<key> from model not in state dict: [...]"
+SHARDED_KEY = re.compile(r"ShardedTensor\(\s*key='([^']+)'")
+MISSING_KEY = re.compile(r"""KeyError: ["']([^"'\s]+) from model not in state dict""")
+
+
+def failing_key(text: str) -> str | None:
+    """The checkpoint key a failure's message names (a refused or a missing key), if any."""
+    m = SHARDED_KEY.search(text or "") or MISSING_KEY.search(text or "")
+    return m.group(1) if m else None

@@ -179,9 +179,9 @@ def advice(modelopt_version: str | None, golden_root=None) -> list[str]:
     command to run first (``python -m harness inspect CKPT`` says which kind a job holds)."""
     from harness.golden.layout import inspect_checkpoint
     from harness.golden.storage import NotACheckpoint
-    from harness.paths import REPO_ROOT
+    from harness.paths import GOLDEN_DIR
 
-    root = golden_root or REPO_ROOT / "tests" / "golden"
+    root = golden_root or GOLDEN_DIR
     rules = [r for r in pairs() if r[2].covers_modelopt(modelopt_version)]
     if not rules:
         b = versions.behaviour_for(modelopt_version)

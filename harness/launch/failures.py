@@ -11,6 +11,7 @@ import re
 import signal
 from dataclasses import dataclass
 
+from harness.check.keys import failing_key
 from harness.records import CauseKind
 
 # Texts that mean "a peer went away / the job is being torn down", not a cause of its own.
@@ -37,9 +38,6 @@ SECONDARY_PATTERNS: list[tuple[str, re.Pattern]] = [
 
 # Exception types that are secondary whatever their message says (torch.distributed errors).
 SECONDARY_EXC_TYPES = re.compile(r"(^|\.)(DistBackendError|DistNetworkError)$")
-
-# megatron-core dist_checkpointing/validation.py: "Invalid access pattern for ShardedTensor(key='...'"
-SHARDED_KEY = re.compile(r"ShardedTensor\(\s*key='([^']+)'")
 
 # torch elastic ChildFailedError block (torch/distributed/elastic/multiprocessing/errors):
 #   "  rank      : 1 (local_rank: 1)" then "  exitcode  : -9 (pid: 7708)"
@@ -102,16 +100,6 @@ def secondary_reason(text: str, exc_type: str = "") -> str | None:
         if rx.search(text or ""):
             return name
     return None
-
-
-# megatron-core dist_checkpointing/strategies/torch.py, a key the model asks for and the
-# checkpoint lacks: KeyError: "<key> from model not in state dict: [...]"
-MISSING_KEY = re.compile(r"""KeyError: ["']([^"'\s]+) from model not in state dict""")
-
-
-def failing_key(text: str) -> str | None:
-    m = SHARDED_KEY.search(text or "") or MISSING_KEY.search(text or "")
-    return m.group(1) if m else None
 
 
 def parse_elastic_failures(text: str) -> dict[int, tuple[int, int]]:

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from harness.rank import inject
 from harness.rank.spec import StageSpec
+from harness.records import Patch
 from harness.tiers import facts, on_cuda
 from harness.topology.topology import Topology
 
@@ -87,7 +88,7 @@ def import_stack(tier: str | None, patch: str | None) -> None:
         from harness.model.cpu_shims import apply_cpu_shims
 
         apply_cpu_shims()
-    if patch == "fix":
+    if patch == Patch.FIX:
         from harness.fix import apply
 
         apply()

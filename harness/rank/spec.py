@@ -7,18 +7,19 @@ from pathlib import Path
 
 from harness.model.gpt import ModelSize
 from harness.model.recipes import DEFAULT_RECIPE
+from harness.records import Patch
 from harness.topology.topology import Topology
 
 
 @dataclass
 class StageSpec:
-    stage: str  # "save" | "load" | "dump-metadata"
+    stage: str  # a Stage: save, load or dump-metadata
     topology: str  # topology id, e.g. tp4-etp1-ep8-pp1
     tier: str  # cpu | gpu-shared | gpu
     backend: str  # local | te
     ckpt_dir: str
     reference_dir: str  # where the save stage leaves the topology-independent reference
-    patch: str = "none"  # none | fix
+    patch: str = Patch.NONE.value  # a Patch
     recipe: str = DEFAULT_RECIPE  # the quantization recipe (harness/model/recipes.py)
     size: dict = field(default_factory=lambda: ModelSize().as_dict())
     seed: int = 1234

@@ -21,6 +21,7 @@ from harness.model.checkpoint import (
 )
 from harness.rank.setup import Clock, device, peak_memory, prepare_rank
 from harness.rank.spec import StageSpec
+from harness.records import Patch, Stage
 from harness.tiers import Backend, on_cuda
 
 
@@ -104,7 +105,7 @@ def _reload_keeps_state(spec: StageSpec) -> bool:
     from harness.check.recipes import recipe_facts
     from harness.check.versions import behaviour_for
 
-    if spec.patch == "fix" or spec.backend == Backend.LOCAL:
+    if spec.patch == Patch.FIX or spec.backend == Backend.LOCAL:
         return True
     facts = recipe_facts(spec.recipe)
     kind = behaviour_for(modelopt.__version__).kind_rule(facts.expert_kind if facts else None)
@@ -232,7 +233,7 @@ def _record_sharding_stage(spec: StageSpec) -> dict:
     return record_stage(spec)
 
 
-STAGES = {"save": save_stage, "load": load_stage, "dump-metadata": _record_sharding_stage}
+STAGES = {Stage.SAVE: save_stage, Stage.LOAD: load_stage, Stage.DUMP_METADATA: _record_sharding_stage}
 
 
 def configure_warnings() -> None:

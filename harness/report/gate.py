@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from harness.records import RunResults
 from harness.report import verdict as vd
+from harness.report.verdict_text import format_verdicts, no_evidence_line
 
 EXIT_PASS = 0  # SAFE, or SAFE WITH PATCH with --patched: the job may leave quarantine
 EXIT_UNEXPECTED = 1  # UNEXPECTED FAILURE (the verdict's own non-zero code)
@@ -74,8 +75,8 @@ def main(docs: list[tuple[str, Mapping[str, Any]]], job_id: str, patched: bool) 
     v = judge_job(docs, job_id)
     code = exit_code(v.word, patched)
     if not v.ran:
-        print(vd.no_evidence_line(v.tier))
+        print(no_evidence_line(v.tier))
         return code
-    print(vd.format_verdicts(f"== gate on {len(docs)} results file(s)", [v]))
+    print(format_verdicts(f"== gate on {len(docs)} results file(s)", [v]))
     print(gate_line(v, patched, code))
     return code

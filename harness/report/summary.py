@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from harness.check.results_file import INCOMPLETE_LINE, ResultsFileError, read_results
 from harness.paths import RESULTS_DIR
-from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome, RunResults
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome, Patch, RunResults
 
 Record = CellRecord | Mapping[str, Any]
 
@@ -175,7 +175,7 @@ def _panels(cells: Iterable[CellRecord]) -> dict[tuple[str, str, str], list[Cell
     side, and two recipes never share a square."""
     out: dict[tuple[str, str, str], list[CellRecord]] = {}
     for r in cells:
-        out.setdefault((str(r.tier or "?"), str(r.patch or "none"), recipe_label(r)), []).append(r)
+        out.setdefault((str(r.tier or "?"), str(r.patch or Patch.NONE), recipe_label(r)), []).append(r)
     return dict(sorted(out.items()))
 
 

@@ -19,38 +19,46 @@ Every recorded cell is judged again by the one judge under today's rules (``reju
 note says so where the outcome changes), so evidence recorded before a rule change still counts.
 
 Evidence comes from results.json files (``--results``, judged one by one and, where several
-share a modelopt version, together), or, with none given, from running the cells now (on a
-machine that cannot run them: one line saying where evidence comes from). A job no file decides
-is one summary line, not a block per file. ``--job ID --gate``: harness/report/gate.py.
+share a modelopt version, together), or, with none given, from running the cells now. These are
+the rules; the text a reader sees is harness/report/verdict_text.py, and ``--job ID --gate``
+harness/report/gate.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Mapping
 
 from harness.check.judge import SHAPE_REFUSAL_FINDING
-from harness.check.results_file import INCOMPLETE_LINE, read_results
+from harness.check.results_file import read_results
 from harness.report.summary import cause
 from harness.report.jobs import QUARANTINE, Job, Quarantine, job_cells, load_quarantine  # noqa: F401
-from harness.records import CellRecord, Outcome, RunResults
+from harness.records import CellRecord, Outcome, RunResults, Stage
 from harness.scenario.cells import Cell, Scenario
+from harness.scenario.machine import skip_kind
 from harness.scenario.scenarios import load_all
-from harness.topology.topology import Topology
 
 SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
 INCOMPLETE, NO_EVIDENCE, UNEXPECTED = "INCOMPLETE", "NO EVIDENCE", "UNEXPECTED FAILURE"
 NO_RULE = "RULE UNKNOWN"  # the (modelopt, megatron-core) pair has no rule: nothing to judge by
 UNDECIDED = (INCOMPLETE, NO_EVIDENCE)  # summarised once per job, not once per results file
-# A committed run that decides both jobs: what the no-evidence line tells a reader to judge.
-COMMITTED_EXAMPLE = "tests/data/runs/20261204-023144-repro-gpu-new.results.json"
+MISSING = "missing"  # an evidence cell no results file holds
+NOT_RUN = (MISSING, Outcome.SKIPPED, Outcome.INTERRUPTED)  # evidence that says nothing
+
+
+class Role(StrEnum):
+    """What an evidence cell stands for in a job's verdict."""
+
+    WITNESS = "witness"  # the unpatched scenario: does the bug still reproduce at the shapes?
+    FIX = "fix"  # the patched scenario: does harness.fix make the shapes pass?
 
 
 @dataclass
 class Evidence:
     cell_id: str
-    role: str  # "witness" | "fix"
-    outcome: str  # a results.json outcome, or "missing"
+    role: Role
+    outcome: str  # a results.json outcome, or MISSING
     note: str = ""
 
 
@@ -69,8 +77,7 @@ class Verdict:
     @property
     def ran(self) -> list[str]:
         """Evidence cells that ran (not missing, skipped or interrupted)."""
-        return [e.cell_id for e in self.evidence
-                if e.outcome not in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
+        return [e.cell_id for e in self.evidence if e.outcome not in NOT_RUN]
 
 
 Record = CellRecord | Mapping[str, Any]  # a results.json cell, read by CellRecord.of
@@ -141,7 +148,7 @@ def change_reason(old: Record, new: Record) -> str:
     v = new.verified
     ct = v.cross_topology
     parts = []
-    if old.failed_stage == "verify" and "logits" in (old.message or ""):
+    if old.failed_stage == Stage.VERIFY and "logits" in (old.message or ""):
         flips = f", {ct['routing_flips']} routing flip(s)" if ct.get("routing_flips") is not None else ""
         parts.append(f"its failure ({old.message}{flips}) compared the save topology's logits "
                      "with the load topology's: that is the cross-topology figure, now reported, "
@@ -165,11 +172,11 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     records = {cid: CellRecord.of(r) for cid, r in records.items()}
     rows, notes = [], {}
     stopped = {cid for cid, r in records.items() if r.outcome == Outcome.INTERRUPTED}
-    for role, cells in (("witness", witness), ("fix", fix)):
+    for role, cells in ((Role.WITNESS, witness), (Role.FIX, fix)):
         for c in cells:
             rec, notes[c.id] = rejudged(c, None if c.id in stopped else records.get(c.id))
             rows.append((c, role, rec))
-    evidence = [Evidence(c.id, role, r.outcome if r else Outcome.INTERRUPTED if c.id in stopped else "missing",
+    evidence = [Evidence(c.id, role, r.outcome if r else Outcome.INTERRUPTED if c.id in stopped else MISSING,
                          "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
                 for c, role, r in rows]
     tier = (witness or fix)[0].scenario.tier
@@ -192,25 +199,26 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
         return v(NO_RULE, f"{len(unruled)} evidence cell(s) ran without a prediction "
                           f"({', '.join(unruled)}): {why}")
     present = [r for _, _, r in rows if r]
-    if present and not ran("witness") and not ran("fix"):
+    if present and not ran(Role.WITNESS) and not ran(Role.FIX):
         reason = next((r.reason for r in present if r.reason), "") or ""
-        why = f"tier {tier} needs a GPU" if "GPU" in reason else reason
+        kind = skip_kind(reason)
+        why = f"tier {tier} needs a GPU" if kind and kind.lacks_gpus else reason
         return v(NO_EVIDENCE, f"on this machine ({why})")
-    w, f = ran("witness"), ran("fix")
+    w, f = ran(Role.WITNESS), ran(Role.FIX)
     reproduced = Outcome.BUG_REPRODUCED in w
     missing_fix = [e.cell_id for e in evidence
-                   if e.role == "fix" and e.outcome in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
+                   if e.role == Role.FIX and e.outcome in NOT_RUN]
     # A known refusal (not the collision) keeps a job safe at the shapes that pass, and is said.
     refused = sorted({e.cell_id.split("load=")[-1].rstrip("]") for e in evidence
                       if e.outcome == Outcome.KNOWN_REFUSAL})
     caveat = (f"; NOT at {', '.join(refused)}: {SHAPE_REFUSAL_FINDING}" if refused else "")
-    if w and complete("witness") and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS, Outcome.KNOWN_REFUSAL)
-                                         for o in w) and set(w) != {Outcome.KNOWN_REFUSAL}:
+    if w and complete(Role.WITNESS) and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS, Outcome.KNOWN_REFUSAL)
+                                            for o in w) and set(w) != {Outcome.KNOWN_REFUSAL}:
         how = ("the bug no longer reproduces (this version was expected to fail)"
                if Outcome.UNEXPECTED_PASS in w else "this version's own rules expect it to pass, and it does")
         return v(SAFE, f"fixed upstream: unpatched, save {job.save.id} / loads {len(job.profile.loads)} "
                        f"pass: {how}{caveat}")
-    if complete("fix") and f and all(o in (Outcome.PASS, Outcome.KNOWN_REFUSAL) for o in f) \
+    if complete(Role.FIX) and f and all(o in (Outcome.PASS, Outcome.KNOWN_REFUSAL) for o in f) \
             and set(f) != {Outcome.KNOWN_REFUSAL}:
         unpatched = ("unpatched the witness still reproduces the bug (BLOCKED without the patch)"
                      if reproduced else "no unpatched evidence here")
@@ -219,7 +227,7 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
         fix_state = (f"fix evidence incomplete, missing {', '.join(missing_fix)}" if missing_fix
                      else f"fix cells: {', '.join(f)}")
         return v(BLOCKED, f"the unpatched witness reproduces the bug at the job's shapes; {fix_state}")
-    missing = [e.cell_id for e in evidence if e.outcome in ("missing", Outcome.SKIPPED, Outcome.INTERRUPTED)]
+    missing = [e.cell_id for e in evidence if e.outcome in NOT_RUN]
     return v(INCOMPLETE, "cannot decide from this evidence"
              + (f"; missing {', '.join(missing)}" if missing else
                 f"; outcomes {', '.join(e.outcome for e in evidence)}"))
@@ -238,7 +246,7 @@ def doc_records(doc: RunResults | Mapping[str, Any]) -> dict[str, CellRecord]:
     """cell id -> record; records from before version-aware runs take the doc's modelopt, and a
     record without a tier the doc's."""
     run = RunResults.of(doc)
-    return {c.cell_id: replace(c, modelopt=c.modelopt or _modelopt(run), mcore=c.mcore or _mcore(run))
+    return {c.cell_id: replace(c, modelopt=c.modelopt or run_modelopt(run), mcore=c.mcore or _mcore(run))
             for c in run.cells}
 
 
@@ -246,53 +254,7 @@ def judge_doc(doc: RunResults | Mapping[str, Any], **kw) -> list[Verdict]:
     return judge_records(doc_records(doc), **kw)
 
 
-def existing_checkpoints(records: Mapping[str, Record], goldens: str) -> list[str]:
-    """What unpatched loads of the committed goldens (scenario ``goldens``) gave: the
-    checkpoints users already have."""
-    from harness.check.judge import held_after_load
-
-    lines = []
-    for cid, rec in sorted(records.items()):
-        rec = CellRecord.of(rec)
-        if rec.scenario != goldens or rec.outcome == Outcome.SKIPPED:
-            continue
-        what = (held_after_load(rec.verify) if rec.verify
-                else cause(rec) or rec.reason or "")
-        lines.append(f"      {cid.split('[', 1)[1].rstrip(']')}: {rec.outcome} - {what}")
-    return (["    existing checkpoints (tests/golden, loaded unpatched):"] + lines) if lines else []
-
-
-def checkpoint_advice(modelopt_version: str) -> list[str]:
-    """Per kind of existing checkpoint, what this release does with it and the command
-    (harness/golden/forecast.py: the rules of harness/check/versions.py)."""
-    from harness.golden.forecast import advice
-
-    return advice(None if modelopt_version == "unknown" else modelopt_version)
-
-
-def _versions(run: RunResults) -> str:
-    keys = ("torch", "megatron-core", "transformer-engine", "gpu")
-    return ", ".join(f"{k} {run.version(k)}" for k in keys if run.version(k)) or "versions unknown"
-
-
-def format_verdicts(title: str, verdicts: list[Verdict]) -> str:
-    lines = [title]
-    for vd in verdicts:
-        j = vd.job
-        lines.append(f"  {j.id}: {vd.word} - {vd.detail}")
-        lines.append(f"    {j.name}; pipeline {j.pipeline}; issue {j.issue}; review by {j.review_by}")
-        grid = ", ".join(t.id for t in j.profile.loads)
-        lines.append(f"    shapes: save {j.save.id} -> load {j.load.id} (production {j.production}, "
-                     f"see assumption in scenarios/quarantine.toml); reload grid {grid}; tier {vd.tier}")
-        lines.append(f"    recipe: {j.profile.recipe}; modules: {j.profile.modules}")
-        if j.profile.not_modelled:
-            lines.append(f"    not modelled: {j.profile.not_modelled}")
-        for e in vd.evidence:
-            lines.append(f"      [{e.role}] {e.cell_id}: {e.outcome}" + (f"  ({e.note})" if e.note else ""))
-    return "\n".join(lines)
-
-
-def _modelopt(run: RunResults) -> str:
+def run_modelopt(run: RunResults) -> str:
     return str(run.version("nvidia-modelopt") or "unknown")
 
 
@@ -304,7 +266,7 @@ def _mcore(run: RunResults) -> str:
 
 
 def run_pair(run: RunResults) -> str:
-    return f"(modelopt {_modelopt(run)}, megatron-core {_mcore(run)})"
+    return f"(modelopt {run_modelopt(run)}, megatron-core {_mcore(run)})"
 
 
 def merged_records(runs: list[RunResults]) -> dict[str, CellRecord]:
@@ -316,86 +278,6 @@ def merged_records(runs: list[RunResults]) -> dict[str, CellRecord]:
             if c.outcome not in (Outcome.SKIPPED, Outcome.INTERRUPTED) or cid not in records:
                 records[cid] = c
     return records
-
-
-def no_evidence_line(tier: str) -> str:
-    """The one line for a verdict with no evidence at all: where evidence comes from."""
-    return (f"NO EVIDENCE: the quarantined jobs' cells run on tier {tier}: earning evidence needs "
-            "a GPU host (docs/gpu-host.md); the committed evidence is the README's verdict table "
-            f"and tests/data/runs/ (judge a committed run: python -m harness verdict --results "
-            f"{COMMITTED_EXAMPLE})")
-
-
-def verdict_report(docs: list[tuple[str, Mapping[str, Any]]], job: str | None = None
-                   ) -> tuple[str, list[Verdict]]:
-    """Text for each (label, results doc), then for each modelopt version with several docs the
-    verdict of their records together (newer runs win for the same cell). Returns all verdicts.
-
-    A job the evidence cannot decide (INCOMPLETE, NO EVIDENCE) is left out of each block and
-    summarised once at the end, only when no block decides it; with no evidence for any job at
-    all, the text is one line (``no_evidence_line``). ``job``: that job only."""
-    out, every = [], []
-    goldens = load_quarantine().goldens
-    runs = [(label, RunResults.of(doc)) for label, doc in docs]
-
-    def block(title: str, vds: list[Verdict], group: list[RunResults],
-              records: Mapping[str, Record], advice: list[str]) -> None:
-        vds = [v for v in vds if job is None or v.job.id == job]
-        every.extend(vds)
-        decided = [v for v in vds if v.word not in UNDECIDED]
-        checkpoints = existing_checkpoints(records, goldens)
-        if decided or checkpoints:
-            out.append("\n".join([format_verdicts(title, decided), *_incomplete(group),
-                                  *checkpoints, *advice]))
-
-    for label, run in runs:
-        block(f"== {run_pair(run)}: {label} (run {run.run_id}, tier {run.tier or '?'}; "
-              f"{_versions(run)})", judge_doc(run), [run], doc_records(run),
-              checkpoint_advice(_modelopt(run)))
-    groups: dict[str, list[RunResults]] = {}
-    for _, run in runs:
-        groups.setdefault(run_pair(run), []).append(run)
-    for version, group in groups.items():
-        if len(group) < 2:
-            continue
-        records = merged_records(group)
-        ids = ", ".join(str(r.run_id) for r in group)
-        block(f"== {version}: all {len(group)} runs together ({ids}; newer runs win for "
-              "the same cell)", judge_records(records), group, records, [])
-    out += _undecided(every, len(runs))
-    return "\n\n".join(out), every
-
-
-def _undecided(verdicts: list[Verdict], files: int) -> list[str]:
-    """One summary line per job that no results file decides; one line in all when no job has
-    any evidence."""
-    if not verdicts:
-        return []
-    if not any(v.ran for v in verdicts):
-        return [no_evidence_line(verdicts[0].tier)]
-    decided = {v.job.id for v in verdicts if v.word not in UNDECIDED}
-    lines = []
-    for job_id in dict.fromkeys(v.job.id for v in verdicts):
-        if job_id in decided:
-            continue
-        vds = [v for v in verdicts if v.job.id == job_id]
-        word = INCOMPLETE if any(v.word == INCOMPLETE for v in vds) else NO_EVIDENCE
-        ran = {c for v in vds for c in v.ran}
-        never = [e.cell_id for e in vds[0].evidence if e.cell_id not in ran]
-        why = (f"never run: {', '.join(never)}" if never else
-               "each cell ran somewhere, but no one run or (modelopt, megatron-core) pair holds "
-               "them all")
-        lines.append(f"  {job_id}: {word} in every one of {files} results file(s); {why}; "
-                     f"tier {vds[0].tier} cells run only on a GPU host (docs/gpu-host.md)")
-    return ["\n".join(["== jobs no results file decides", *lines])] if lines else []
-
-
-def _incomplete(runs: list[RunResults]) -> list[str]:
-    """A warning line when evidence comes from a run that stopped early (cells may be missing)."""
-    stopped = [str(r.run_id) for r in runs if r.incomplete]
-    if not stopped:
-        return []
-    return [f"  WARNING: {INCOMPLETE_LINE}" + (f" (run {', '.join(stopped)})" if len(runs) > 1 else "")]
 
 
 def read_docs(paths: list[str | Path]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -412,8 +294,3 @@ def cells_to_run() -> list[Cell]:
     return [c for s in scenarios for c in s.cells() if c.id in ids]  # scenario order, once each
 
 
-def main(docs: list[tuple[str, Mapping[str, Any]]], job: str | None = None) -> int:
-    """Print the verdicts of ``docs`` (label, results.json); 1 when any job is UNEXPECTED."""
-    text, verdicts = verdict_report(docs, job)
-    print(text)
-    return 1 if any(v.unexpected for v in verdicts) else 0

@@ -18,7 +18,7 @@ from harness.launch.signals import shutdown_signal
 from harness.launch.torchrun import run_stage
 from harness.paths import GOLDEN_DIR, safe_name
 from harness.rank.spec import StageSpec
-from harness.records import CellRecord, StageResult
+from harness.records import CellRecord, Stage, StageResult
 from harness.run.results import write_record
 from harness.scenario.cells import Cell
 from harness.tiers import StageMode, facts
@@ -56,7 +56,7 @@ def run_save(cell: Cell, run_dir: Path) -> StageResult:
         if cell.golden:
             result = prepare_golden(cell.golden, save_dir, cell.scenario.golden_root)
         else:
-            result = _launch(_spec(cell, "save", cell.save, save_dir), save_dir, cell)
+            result = _launch(_spec(cell, Stage.SAVE, cell.save, save_dir), save_dir, cell)
         write_json_atomic(done, result.to_json(), indent=2)
         return result
 
@@ -86,7 +86,7 @@ def prepare_golden(name: str, save_dir: Path, golden_root: Path = GOLDEN_DIR) ->
     summary = (f"golden {name}: layout {layout.kind}, "
                f"{sum(len(v) for v in layout.missing.values())} expert amax missing; "
                f"expected state {exp.summary()}")
-    return StageResult(stage="golden", ok=True, wall_s=round(time.monotonic() - start, 2),
+    return StageResult(stage=Stage.GOLDEN, ok=True, wall_s=round(time.monotonic() - start, 2),
                        summary=summary,
                        rank_results={"0": {"layout": layout.as_json(), "expected": exp.summary()}})
 
@@ -140,11 +140,11 @@ def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
     if not stopped and not judge.version_skip_reason(cell.plan, judge.rules_for(rec.modelopt, rec.mcore),
                                                   rec.modelopt, rec.mcore):
         save = run_save(cell, run_dir)
-        _note_stage(rec, "save", save)
+        _note_stage(rec, Stage.SAVE, save)
         if cell.load is not None and save.ok and not save.interrupted:
-            load_dir = run_dir / "cells" / safe_name(cell.id) / "load"
-            load = _launch(_spec(cell, "load", cell.load, save_dir_of(cell, run_dir)), load_dir, cell)
-            _note_stage(rec, "load", load)
+            load_dir = run_dir / "cells" / safe_name(cell.id) / Stage.LOAD
+            load = _launch(_spec(cell, Stage.LOAD, cell.load, save_dir_of(cell, run_dir)), load_dir, cell)
+            _note_stage(rec, Stage.LOAD, load)
     judge.judge_cell(rec, cell.plan, save, load, stopped)
     return _finish(rec, cell, run_dir)
 

@@ -12,7 +12,7 @@ from harness.scenario.machine import skip_reason, tier_skip_reason, versions
 from harness.launch.pool import POOLS, stage_mode
 from harness.launch.signals import shutdown_signal
 from harness.paths import safe_name
-from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome, Stage
 from harness.run.cell import new_record, run_cell
 from harness.run.results import collect, new_run_dir, write_record
 from harness.tiers import StageMode
@@ -48,7 +48,7 @@ def _phase_order(cells: list, stage: str) -> list:
     warm = POOLS.idle_shapes()
 
     def key(c):
-        topo = c.save if stage == "save" else c.load
+        topo = c.save if stage == Stage.SAVE else c.load
         shape = (c.scenario.tier, c.scenario.patch, c.scenario.backend, topo.world_size)
         return (shape not in warm, shape)
 
@@ -99,8 +99,8 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
 
     try:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            list(pool.map(one, _phase_order([c for c in cells if c.load is None], "save")))
-            list(pool.map(one, _phase_order([c for c in cells if c.load is not None], "load")))
+            list(pool.map(one, _phase_order([c for c in cells if c.load is None], Stage.SAVE)))
+            list(pool.map(one, _phase_order([c for c in cells if c.load is not None], Stage.LOAD)))
     finally:
         POOLS.close_all()  # warm rank pools (HARNESS_STAGE_MODE=pool) never outlive a run
     doc = collect(run_dir, versions(), interrupted=shutdown_signal())
@@ -127,9 +127,9 @@ def dump_metadata(topo, tier: str, backend: str, patch: str, out: Path, results_
         print(f"error: {reason}", file=sys.stderr)
         return 2
     stage_dir = new_run_dir(results_root, f"dump-{topo.id}-{patch}")
-    spec = StageSpec("dump-metadata", topo.id, tier, backend, "", "", patch=patch,
+    spec = StageSpec(Stage.DUMP_METADATA, topo.id, tier, backend, "", "", patch=patch,
                      size=size.as_dict(), output=str(out.resolve()))
-    run = run_stage("dump-metadata", stage_dir, topo.world_size,
+    run = run_stage(Stage.DUMP_METADATA, stage_dir, topo.world_size,
                     [str(spec.write(stage_dir / "spec.json"))], timeout_s=300)
     print(run.summary())
     return 0 if run.ok else 1

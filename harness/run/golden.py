@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.golden.manifest import GoldenError, write_manifest
+from harness.records import Stage
 from harness.tiers import Tier, facts
 
 
@@ -29,12 +30,12 @@ def make_golden(out: Path | str, *, topology: str, validate_sharding: bool, tier
         raise GoldenError(f"{d}/ckpt exists: golden checkpoints are written once")
     topo = Topology.parse(topology)
     size = GOLDEN_SIZE.as_dict()
-    spec = StageSpec(stage="save", topology=topo.id, tier=tier,
+    spec = StageSpec(stage=Stage.SAVE, topology=topo.id, tier=tier,
                      backend=facts(tier).backend, size=size,
                      ckpt_dir=str(d / "ckpt"), reference_dir=str(d / ".work" / "reference"),
                      validate_sharding=validate_sharding)
     spec_path = spec.write(d / ".work" / "spec.json")
-    run = run_stage("save", d / ".work", topo.world_size, [str(spec_path)], timeout_s=timeout_s)
+    run = run_stage(Stage.SAVE, d / ".work", topo.world_size, [str(spec_path)], timeout_s=timeout_s)
     if not run.ok:
         raise GoldenError(f"save stage failed: {run.summary()}")
     cmd = (f"python -m harness golden make {d.name} --topology {topo.id} "

@@ -12,7 +12,7 @@ from harness.check.plan import CellPlan
 from harness.model.gpt import ModelSize, default_size
 from harness.model.recipes import DEFAULT_RECIPE
 from harness.paths import GOLDEN_DIR, shown_path
-from harness.records import ExpectMode
+from harness.records import ExpectMode, Patch
 from harness.scenario.goldens import golden_layout, golden_topology
 from harness.scenario.schema import ScenarioError
 from harness.topology.topology import Topology
@@ -103,7 +103,7 @@ class Cell:
         file that names it."""
         s = self.scenario
         layout = None
-        if self.golden and s.patch != "fix" and s.expect != ExpectMode.PASS:
+        if self.golden and s.patch != Patch.FIX and s.expect != ExpectMode.PASS:
             try:
                 layout = golden_layout(self.golden, s.golden_root)
             except ScenarioError as exc:  # the file that names the golden is the one to fix

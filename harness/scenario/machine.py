@@ -10,6 +10,9 @@ import functools
 import importlib.metadata as md
 import os
 import platform
+import re
+from enum import StrEnum
+from typing import NamedTuple
 
 from harness.tiers import TIERS, facts
 
@@ -64,29 +67,67 @@ def versions() -> dict:
     }
 
 
+class SkipKind(StrEnum):
+    """What a tier's skip reason says this machine lacks: what code asks of a reason, whose text
+    (recorded in results.json as written) is for a reader."""
+
+    UNKNOWN_TIER = "unknown-tier"
+    TE_ON_CPU = "te-on-cpu"  # tier cpu on a machine with Transformer Engine installed
+    NO_GPU = "no-gpu"  # a GPU tier, no CUDA GPU visible
+    TOO_FEW_GPUS = "too-few-gpus"  # tier gpu, fewer GPUs than ranks
+    NO_TE = "no-te"  # a GPU tier, Transformer Engine does not import
+
+    @property
+    def lacks_gpus(self) -> bool:
+        return self in (SkipKind.NO_GPU, SkipKind.TOO_FEW_GPUS)
+
+
+# Each kind's text, the one place it is written (tier_skip_reason) and read back (skip_kind).
+SKIP_TEXTS = {
+    SkipKind.UNKNOWN_TIER: "unknown tier {tier!r}; expected one of {tiers}",
+    # Seen on the H200 (docs/runs/20261202-204604-matrix): with TE installed, megatron-core
+    # sends even the local-spec router GEMM through TE's CUDA kernels.
+    SkipKind.TE_ON_CPU: ("tier cpu runs where Transformer Engine is not installed: with TE, "
+                         "megatron-core routes the MoE router GEMM through TE's CUDA kernels"),
+    SkipKind.NO_GPU: "tier {tier} needs a CUDA GPU; none visible (run the cpu tier here)",
+    SkipKind.NO_TE: "tier {tier} needs Transformer Engine: {error}",
+    SkipKind.TOO_FEW_GPUS: ("tier gpu needs one GPU per rank: {world} ranks, {gpus} GPU(s) visible "
+                            "(tier gpu-shared runs it on fewer GPUs over gloo)"),
+}
+
+
+def _pattern(text: str) -> re.Pattern:
+    """``text`` as a regex whose fields (``{tier}``, ...) match any words."""
+    return re.compile(".*?".join(re.escape(part) for part in re.split(r"\{[^}]*\}", text)), re.S)
+
+
+_SKIP_PATTERNS = {kind: _pattern(text) for kind, text in SKIP_TEXTS.items()}
+
+
 def tier_skip_reason(tier: str, world: int = 1) -> str | None:
     """Why ``tier`` cannot run a ``world``-rank job here, or None when it can."""
     if tier not in TIERS:
-        return f"unknown tier {tier!r}; expected one of {', '.join(TIERS)}"
+        return SKIP_TEXTS[SkipKind.UNKNOWN_TIER].format(tier=tier, tiers=", ".join(TIERS))
     if not facts(tier).cuda:
         import importlib.util
 
         if importlib.util.find_spec("transformer_engine") is not None:
-            # Seen on the H200 (docs/runs/20261202-204604-matrix): with TE installed,
-            # megatron-core sends even the local-spec router GEMM through TE's CUDA kernels.
-            return ("tier cpu runs where Transformer Engine is not installed: with TE, "
-                    "megatron-core routes the MoE router GEMM through TE's CUDA kernels")
+            return SKIP_TEXTS[SkipKind.TE_ON_CPU]
         return None
     if gpu_count() == 0:
-        return f"tier {tier} needs a CUDA GPU; none visible (run the cpu tier here)"
+        return SKIP_TEXTS[SkipKind.NO_GPU].format(tier=tier)
     if te_import_error():
-        return f"tier {tier} needs Transformer Engine: {te_import_error()}"
+        return SKIP_TEXTS[SkipKind.NO_TE].format(tier=tier, error=te_import_error())
     if facts(tier).gpu_per_rank and gpu_count() < world:
-        return (
-            f"tier gpu needs one GPU per rank: {world} ranks, {gpu_count()} GPU(s) visible "
-            "(tier gpu-shared runs it on fewer GPUs over gloo)"
-        )
+        return SKIP_TEXTS[SkipKind.TOO_FEW_GPUS].format(world=world, gpus=gpu_count())
     return None
+
+
+def skip_kind(reason: str | None) -> SkipKind | None:
+    """The kind of a skip reason ``tier_skip_reason`` wrote (now, or into an earlier record; a
+    cell's reason may go on with the model's), None for any other reason."""
+    return next((kind for kind, pattern in _SKIP_PATTERNS.items() if pattern.match(reason or "")),
+                None)
 
 
 def model_skip_reason(size) -> str | None:
@@ -110,20 +151,27 @@ def skip_reason(tier: str, world: int = 1, size=None) -> str | None:
     return "; ".join(r for r in reasons if r) or None
 
 
-def version_problem() -> str | None:
+class VersionProblem(NamedTuple):
+    line: str
+    fatal: bool  # nothing can run (a package missing, an untested megatron-core); else a warning
+
+
+def version_problem() -> VersionProblem | None:
     """A clear message when a package is missing or at a version this harness was not built for."""
     mc = version("megatron-core")
     if mc is None:
-        return "megatron-core is not installed (run `make test` or tools/bootstrap-venv.sh)"
+        return VersionProblem("megatron-core is not installed (run `make test` or "
+                              "tools/bootstrap-venv.sh)", fatal=True)
     problem = mcore_problem(mc)
     if problem:
-        return problem
+        return VersionProblem(problem, fatal=not mcore_overridden())
     mo = version("nvidia-modelopt")
     if mo is None:
-        return "nvidia-modelopt is not installed"
+        return VersionProblem("nvidia-modelopt is not installed", fatal=True)
     from harness.check.versions import rules_for
 
-    return rules_for(mo, mc).notice(mo, mc)
+    notice = rules_for(mo, mc).notice(mo, mc)  # no rule for the pair: its cells are rule-unknown
+    return VersionProblem(notice, fatal=False) if notice else None
 
 
 def public_version(v: str | None) -> str | None:

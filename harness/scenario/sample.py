@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, replace
 
 from harness.model.gpt import ModelSize, default_size
-from harness.records import ExpectMode
+from harness.records import ExpectMode, Patch
 from harness.scenario.cells import Scenario
 from harness.scenario.scenarios import load_all
 from harness.tiers import Backend, Tier, facts
@@ -98,7 +98,7 @@ def _topologies(max_ranks: int, max_pp: int, size: ModelSize, local_backend: boo
 
 
 def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str = Tier.GPU_SHARED,
-                     patch: str = "none", exclude: set[tuple] | None = None,
+                     patch: str = Patch.NONE, exclude: set[tuple] | None = None,
                      loads_per_save: int = 1) -> list[Scenario]:
     """One ordinary scenario per drawn (save, model size), named ``sample-s<seed>-<i>``, with its
     save-only cell and its loads (each scenario has its own model size, so its own save)."""

@@ -16,10 +16,9 @@ from harness.check.logits import LOGITS_REFERENCES
 from harness.model.gpt import ModelSize
 from harness.model.modules import HYBRID_PATTERN_RE, HYBRID_PATTERN_RULE, KINDS, SCORE_FUNCTIONS
 from harness.model.recipes import DEFAULT_RECIPE
-from harness.records import EXPECT_MODES, ExpectMode
+from harness.records import EXPECT_MODES, PATCHES, ExpectMode, Patch
 from harness.tiers import BACKENDS, TIERS
 
-PATCHES = ("none", "fix")
 
 
 
@@ -81,7 +80,7 @@ class _ScenarioSchema(_Schema):
     description: str = ""
     tier: Literal[TIERS]
     backend: Literal[BACKENDS]
-    patch: Literal[PATCHES] = "none"
+    patch: Literal[PATCHES] = Patch.NONE.value
     recipe: Text = DEFAULT_RECIPE
     expect: Literal[EXPECT_MODES] = ExpectMode.ORACLE.value
     markers: list[Annotated[str, Field(pattern=MARKER_RE)]] = []

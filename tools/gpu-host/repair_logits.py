@@ -42,11 +42,14 @@ def main(golden: Path, out: Path) -> int:
     from harness.rank.logits import _figures, measure_logits
     from harness.rank.setup import Clock, device, prepare_rank
     from harness.rank.spec import StageSpec
+    from harness.records import Stage
+    from harness.tiers import Backend, Tier
 
     doc = verify_manifest(golden)
     ckpt = golden / "ckpt"
-    spec = StageSpec(stage="load", topology="tp1-etp1-ep1-pp1", tier="gpu-shared", backend="te",
-                     ckpt_dir=str(ckpt), reference_dir=tempfile.mkdtemp(), size=doc["size"])
+    spec = StageSpec(stage=Stage.LOAD, topology="tp1-etp1-ep1-pp1", tier=Tier.GPU_SHARED,
+                     backend=Backend.TE, ckpt_dir=str(ckpt), reference_dir=tempfile.mkdtemp(),
+                     size=doc["size"])
     _, loaded = prepare_rank(spec, Clock())
     restore_modelopt_state(loaded, ckpt)
     load_checkpoint(loaded, ckpt, sharded_metadata(spec.singleton_local_shards), strict=True)
