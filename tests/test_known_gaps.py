@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness.check import judge
+from harness.check import judge, rejudge
 from harness.check.gaps import BACKEND_GAPS, known_gaps
 from harness.paths import REPO_ROOT, SCENARIO_DIR
 from harness.records import CellRecord, StageResult
@@ -101,5 +101,5 @@ def test_a_recorded_cpu_cell_no_scenario_holds_is_rejudged_with_the_gap(cpu_cell
     """``verdict`` / ``equivalence --rejudge`` judge a record whose scenario is gone by the record
     alone: the backend's gap still applies."""
     rec = _judged(cpu_cells[0], NORM_AMAX).as_dict()
-    again = judge.rejudge_record(rec, None)
+    again = rejudge.rejudge_record(rec, None)
     assert again["outcome"] == "pass", again.get("message")

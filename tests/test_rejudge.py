@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.check import judge
+from harness.check import judge, rejudge
 from harness.check.results_file import read_results
 from harness.records import CellRecord, StageResult
 from harness.report.equivalence import outcome_changes
@@ -117,7 +117,7 @@ def test_run_cell_judges_once(tmp_path, monkeypatch):
 
 def test_rejudge_reads_a_record_back_to_the_same_outcome():
     rec = _judged(_verify(0.01)).as_dict()
-    again = judge.rejudge_record(rec, _cell().plan)
+    again = rejudge.rejudge_record(rec, _cell().plan)
     assert again["outcome"] == rec["outcome"] == "unexpected-failure"
     assert again["message"] == rec["message"]
 

@@ -43,8 +43,8 @@ NOT_THE_WORD = {
     ("harness/model/hybrid.py", "none"): "megatron-core's position_embedding_type",
     # fields and names that spell a stage
     ("harness/check/judge.py", "verify", 'get("verify"'): "the rank result's field of figures",
-    ("harness/check/judge.py", "verify", '{"verify": rec.verify}'): "the rank result's field of figures",
-    ("harness/check/judge.py", "verify", 'out["verify"]'): "the cell record's field",
+    ("harness/check/rejudge.py", "verify", '{"verify": rec.verify}'): "the rank result's field of figures",
+    ("harness/check/rejudge.py", "verify", 'out["verify"]'): "the cell record's field",
     ("harness/rank/stages.py", "verify", '"verify": verify}'): "the rank result's field of figures",
     ("harness/rank/stages.py", "save", "clock.lap("): "a phase of the stage (`save.save` durations)",
     ("harness/rank/stages.py", "load", "clock.lap("): "a phase of the stage (`load.load` durations)",

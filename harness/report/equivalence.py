@@ -55,7 +55,7 @@ def differences(reference: dict, candidate: dict) -> list[str]:
 def rejudged_doc(doc: dict, cells: dict | None = None) -> dict:
     """``doc`` with every cell judged again; ``cells``: cell id -> scenario Cell (default: the
     committed scenarios'), a cell no scenario holds keeps its recorded expectation."""
-    from harness.check.judge import rejudge_record
+    from harness.check.rejudge import rejudge_record
     from harness.report.verdict import doc_records
 
     if cells is None:

@@ -126,7 +126,7 @@ def _note(cell: Cell, rec: CellRecord | None) -> str:
 def rejudged(cell: Cell, rec: Record | None) -> tuple[CellRecord | None, str]:
     """``rec`` judged again by the one judge (harness/check/judge.py ``rejudge_record``) under
     today's rules, and a note saying so when that changes its outcome."""
-    from harness.check.judge import rejudge_record
+    from harness.check.rejudge import rejudge_record
 
     if not rec:
         return None, ""
