@@ -171,6 +171,8 @@ class CellRecord:
     recipe: str | None = None
     # The amax kinds its save's calibration made, per module family (harness/model/quant.py).
     amax_kinds: dict | None = None
+    # Tier gpu with NCCL ranks sharing GPUs (a scenario's shared_gpu_nccl): how it ran, in words.
+    nccl_mode: str | None = None
 
     @property
     def recipe_ref(self) -> str:
@@ -180,7 +182,7 @@ class CellRecord:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        for late in ("recipe", "amax_kinds"):  # fields younger than most committed runs
+        for late in ("recipe", "amax_kinds", "nccl_mode"):  # fields younger than most committed runs
             if out[late] is None:
                 del out[late]
         return out

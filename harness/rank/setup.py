@@ -33,6 +33,9 @@ def init_rank(topo: Topology, tier: str, pg_timeout_s: float) -> int:
         local = int(os.environ.get("LOCAL_RANK", rank))
         torch.cuda.set_device(local % torch.cuda.device_count())
     if not dist.is_initialized():
+        from harness.rank import shared_gpu
+
+        shared_gpu.apply(rank)  # before NCCL reads its host id
         dist.init_process_group(
             backend=backend_for(tier), timeout=timedelta(seconds=pg_timeout_s)
         )

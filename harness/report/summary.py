@@ -104,6 +104,7 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
         f"- versions: {_versions_line(run.versions)}",
         f"- tier: {run.tier or 'unknown'}",
         f"- recipes: {', '.join(sorted({r.recipe_ref for r in cells})) or 'none'}",
+        *[f"- {mode}" for mode in sorted({r.nccl_mode for r in cells if r.nccl_mode})],
         f"- cells: {len(cells)} ("
         + (", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "none")
         + f"), {total:.1f} s of cell time",

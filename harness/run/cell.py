@@ -99,7 +99,7 @@ def _runtime_layout() -> str:
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
     """THE place a stage starts: a fresh torchrun, or a warm rank pool (HARNESS_STAGE_MODE)."""
     spec_path = spec.write(stage_dir / "spec.json")
-    timeout_s, env = cell.scenario.stage_timeout_s, _tier_env(spec.tier)
+    timeout_s, env = cell.scenario.stage_timeout_s, _tier_env(spec.tier, cell.scenario.shared_gpu_nccl)
     if stage_mode(spec.tier) == StageMode.POOL:
         # pools live in the run directory: every stage's checkpoint is <run>/saves/<id>/ckpt
         run_dir = Path(spec.ckpt_dir).parents[2]
@@ -110,12 +110,16 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
     return run.result()
 
 
-def _tier_env(tier: str) -> dict:
+def _tier_env(tier: str, shared_gpu_nccl: bool = False) -> dict:
     env = {}
     if facts(tier).process_group == "nccl":
         from harness.rank.guard import nccl_env
 
         env.update(nccl_env())
+    if shared_gpu_nccl:  # the ranks set their own NCCL host ids (harness/rank/shared_gpu.py)
+        from harness.rank.shared_gpu import SHARED_GPU_ENV
+
+        env[SHARED_GPU_ENV] = "1"
     return env
 
 
@@ -127,6 +131,11 @@ def new_record(cell: Cell) -> CellRecord:
         patch=s.patch, expected="", modelopt=installed_modelopt(), stage_mode=stage_mode(s.tier),
         recipe=s.recipe,
     )
+    if s.shared_gpu_nccl:  # said in the record and the report, never a silent stand-in
+        from harness.rank.shared_gpu import describe
+        from harness.scenario.machine import gpu_count
+
+        rec.nccl_mode = describe(cell.world, gpu_count())
     judge.under_version(rec, cell.plan, None)
     return rec
 

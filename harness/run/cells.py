@@ -63,7 +63,7 @@ def prestart_save_pools(cells, run_dir: Path) -> int:
     from harness.run.cell import _tier_env  # the rank environment _launch keys a pool by
 
     keys = [PoolKey.of(c.save.world_size, c.scenario.tier, c.scenario.patch, c.scenario.backend,
-                       run_dir, _tier_env(c.scenario.tier))
+                       run_dir, _tier_env(c.scenario.tier, c.scenario.shared_gpu_nccl))
             for c in cells
             if c.load is None and not c.golden and stage_mode(c.scenario.tier) == StageMode.POOL]
     POOLS.prestart(keys)
@@ -84,7 +84,8 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
     start, lock, state = time.monotonic(), threading.Lock(), {"done": 0, "failures": 0}
 
     def one(cell) -> None:
-        reason = skip_reason(cell.scenario.tier, cell.world, cell.scenario.size)
+        reason = skip_reason(cell.scenario.tier, cell.world, cell.scenario.size,
+                             cell.scenario.shared_gpu_nccl)
         if reason:
             rec = _skipped(cell, reason)
             write_record(rec, run_dir / "cells" / safe_name(cell.id) / "record.json")

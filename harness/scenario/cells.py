@@ -42,6 +42,8 @@ class Scenario:
     goldens: tuple[str, ...] = ()  # tests/golden/<name>: committed checkpoints instead of saves
     golden_root: Path = GOLDEN_DIR  # where ``goldens`` live (tests point it at copies)
     recipe: str = DEFAULT_RECIPE  # the quantization recipe (harness/model/recipes.py)
+    # tier gpu only: NCCL ranks may share GPUs, each its own host (harness/rank/shared_gpu.py)
+    shared_gpu_nccl: bool = False
 
     def cells(self) -> list["Cell"]:
         if self.goldens:

@@ -104,8 +104,10 @@ def _pattern(text: str) -> re.Pattern:
 _SKIP_PATTERNS = {kind: _pattern(text) for kind, text in SKIP_TEXTS.items()}
 
 
-def tier_skip_reason(tier: str, world: int = 1) -> str | None:
-    """Why ``tier`` cannot run a ``world``-rank job here, or None when it can."""
+def tier_skip_reason(tier: str, world: int = 1, shared_gpu_nccl: bool = False) -> str | None:
+    """Why ``tier`` cannot run a ``world``-rank job here, or None when it can. ``shared_gpu_nccl``
+    (a scenario asks for it): tier gpu may put several NCCL ranks on one GPU, each its own host
+    (harness/rank/shared_gpu.py), so one GPU is enough."""
     if tier not in TIERS:
         return SKIP_TEXTS[SkipKind.UNKNOWN_TIER].format(tier=tier, tiers=", ".join(TIERS))
     if not facts(tier).cuda:
@@ -118,7 +120,7 @@ def tier_skip_reason(tier: str, world: int = 1) -> str | None:
         return SKIP_TEXTS[SkipKind.NO_GPU].format(tier=tier)
     if te_import_error():
         return SKIP_TEXTS[SkipKind.NO_TE].format(tier=tier, error=te_import_error())
-    if facts(tier).gpu_per_rank and gpu_count() < world:
+    if facts(tier).gpu_per_rank and gpu_count() < world and not shared_gpu_nccl:
         return SKIP_TEXTS[SkipKind.TOO_FEW_GPUS].format(world=world, gpus=gpu_count())
     return None
 
@@ -144,10 +146,11 @@ def model_skip_reason(size) -> str | None:
     return "; ".join(missing) or None
 
 
-def skip_reason(tier: str, world: int = 1, size=None) -> str | None:
+def skip_reason(tier: str, world: int = 1, size=None, shared_gpu_nccl: bool = False) -> str | None:
     """Why a cell of ``tier`` on ``world`` ranks that builds ``size`` cannot run here, in one
     line (the tier's reason, then the model's), or None when it can."""
-    reasons = [tier_skip_reason(tier, world), model_skip_reason(size) if size is not None else None]
+    reasons = [tier_skip_reason(tier, world, shared_gpu_nccl),
+               model_skip_reason(size) if size is not None else None]
     return "; ".join(r for r in reasons if r) or None
 
 

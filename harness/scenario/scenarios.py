@@ -25,7 +25,7 @@ from harness.paths import (GOLDEN_DIR, QUARANTINE_FILE, REPO_ROOT, SCENARIO_DIR,
 from harness.scenario.cells import KnownGap, Scenario
 from harness.scenario.goldens import golden_manifest, golden_topology
 from harness.scenario.schema import ScenarioError, _explain, _ScenarioSchema, _SizeSchema
-from harness.tiers import on_cuda
+from harness.tiers import Tier, on_cuda
 from harness.topology.topology import Topology, TopologyError
 
 
@@ -118,6 +118,9 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
             pairs.append(got)
     topos["pairs"] = tuple(pairs)
     problems += _recipe_problems(doc.recipe, topos)
+    if doc.shared_gpu_nccl and doc.tier != Tier.GPU:
+        problems.append(f"shared_gpu_nccl: true needs tier 'gpu' (NCCL ranks); tier {doc.tier!r} "
+                        "runs gloo ranks, which share GPUs already")
     if not on_cuda(doc.tier):  # the save calibrates through megatron-core's pipeline schedule
         saved = [(f"saves[{i}]", t) for i, t in enumerate(topos["saves"])]
         saved += [(f"pairs[{i}][0]", p[0]) for i, p in enumerate(pairs)]
@@ -203,6 +206,7 @@ def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:
         goldens=tuple(doc.goldens),
         golden_root=Path(golden_dir),
         recipe=Recipe.parse(doc.recipe).ref,
+        shared_gpu_nccl=doc.shared_gpu_nccl,
     )
 
 

@@ -82,6 +82,7 @@ class _ScenarioSchema(_Schema):
     backend: Literal[BACKENDS]
     patch: Literal[PATCHES] = Patch.NONE.value
     recipe: Text = DEFAULT_RECIPE
+    shared_gpu_nccl: bool = False
     expect: Literal[EXPECT_MODES] = ExpectMode.ORACLE.value
     markers: list[Annotated[str, Field(pattern=MARKER_RE)]] = []
     saves: list[str] = []

@@ -1,0 +1,63 @@
+"""Issue 42 item 2: NCCL ranks sharing GPUs only when a scenario asks (``shared_gpu_nccl``), said
+in the record, refused with one line where it cannot run. The NCCL probe behind it ran on a GPU
+(docs/runs/20261206-0354-recipes.md); here, cpu tier, the planning and the rank's settings."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness.rank import shared_gpu
+from harness.scenario import machine
+from harness.scenario.scenarios import load_all_with_errors, load_scenario
+
+pytestmark = pytest.mark.cpu
+
+HEAD = 'backend = "te"\nexpect = "oracle"\nshared_gpu_nccl = true\nsaves = ["tp2-etp1-ep2"]\n'
+
+
+def test_the_mode_needs_tier_gpu_and_says_so_in_one_line(tmp_path):
+    (tmp_path / "bad.toml").write_text('tier = "gpu-shared"\n' + HEAD)
+    (tmp_path / "good.toml").write_text('tier = "gpu"\n' + HEAD)
+    good, bad = load_all_with_errors(tmp_path)
+    assert [s.name for s in good] == ["good"] and good[0].shared_gpu_nccl
+    (err,) = bad
+    assert "\n" not in str(err) and "bad.toml: shared_gpu_nccl: true needs tier 'gpu'" in str(err)
+
+
+def test_one_gpu_is_enough_only_in_the_mode(monkeypatch):
+    monkeypatch.setattr(machine, "gpu_count", lambda: 1)
+    monkeypatch.setattr(machine, "te_import_error", lambda: None)
+    assert "one GPU per rank: 8 ranks, 1 GPU(s)" in machine.tier_skip_reason("gpu", 8)
+    assert machine.tier_skip_reason("gpu", 8, shared_gpu_nccl=True) is None
+
+
+def test_asked_for_on_a_machine_without_a_gpu_is_one_line(monkeypatch):
+    monkeypatch.setattr(machine, "gpu_count", lambda: 0)
+    reason = machine.skip_reason("gpu", 8, shared_gpu_nccl=True)
+    assert reason and "\n" not in reason and "needs a CUDA GPU" in reason
+
+
+def test_a_rank_takes_its_own_host_id_only_when_asked(monkeypatch):
+    for key in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", shared_gpu.SHARED_GPU_ENV):
+        monkeypatch.delenv(key, raising=False)
+    assert not shared_gpu.apply(3) and "NCCL_HOSTID" not in os.environ
+    monkeypatch.setenv(shared_gpu.SHARED_GPU_ENV, "1")
+    assert shared_gpu.apply(3)
+    assert os.environ["NCCL_HOSTID"] == "moe-ckpt-harness-rank3"
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "lo" and os.environ["NCCL_IB_DISABLE"] == "1"
+    assert shared_gpu.rank_env(0)["NCCL_HOSTID"] != shared_gpu.rank_env(1)["NCCL_HOSTID"]
+
+
+def test_the_committed_scenario_plans_the_mode_and_names_it(monkeypatch):
+    from harness.paths import SCENARIO_DIR
+    from harness.run.cell import _tier_env, new_record
+
+    s = load_scenario(SCENARIO_DIR / "gpu_nccl_shared_witness.toml")
+    assert s.tier == "gpu" and s.shared_gpu_nccl
+    monkeypatch.setattr(machine, "gpu_count", lambda: 1)
+    cell = next(c for c in s.cells() if c.load is not None and c.load.world_size == 8)
+    rec = new_record(cell)
+    assert rec.nccl_mode == "NCCL, 8 ranks on 1 GPU(s), socket transport (each rank its own host)"
+    assert _tier_env("gpu", True)[shared_gpu.SHARED_GPU_ENV] == "1"
+    assert shared_gpu.SHARED_GPU_ENV not in _tier_env("gpu")
