@@ -159,3 +159,16 @@ def test_the_recorded_refusal_is_judged_a_known_refusal_not_the_bug():
                        exc_type="torch.distributed.checkpoint.api.CheckpointException", message=text,
                        key=None)
     assert is_shape_refusal(cause) and not is_bug(cause, rules_for("0.47.0", "0.19.2"))
+
+
+def test_a_static_recipe_on_the_cpu_tier_is_refused_before_any_rank(tmp_path):
+    """ModelOpt's static block fake quantization needs triton on a GPU (on this machine's cpu
+    tier: "RuntimeError static_blockwise_fp4_fake_quant requires triton"): one line, at planning."""
+    (tmp_path / "s.toml").write_text(f'tier = "cpu"\nbackend = "local"\nrecipe = "{SUPER_MSE}"\n'
+                                     'saves = ["tp1-etp1-ep1"]\n')
+    (tmp_path / "good.toml").write_text('tier = "cpu"\nbackend = "local"\nsaves = ["tp1-etp1-ep1"]\n')
+    good, bad = load_all_with_errors(tmp_path)
+    assert [s.name for s in good] == ["good"]
+    (err,) = bad
+    assert "\n" not in str(err) and "s.toml: recipe: nvfp4-mse calibrates static NVFP4 experts" in str(err)
+    assert "not cpu" in str(err)

@@ -160,7 +160,7 @@ def recipe_notice(rec: CellRecord, cell: CellPlan, behaviour) -> str | None:
     """Why the cell's recipe leaves it without a rule under a known pair, or None: a recipe the
     catalogue does not know, a save that made other amax kinds than the catalogue says, an amax
     kind the pair has no rule for, or an expert-TP change that kind has no rule for."""
-    ref = rec.recipe_ref
+    ref = cell.recipe
     facts = recipe_facts(ref)
     if facts is None:
         return (f"recipe {ref}: not in harness/check/recipes.py (its amax kinds are not known "
@@ -174,7 +174,7 @@ def recipe_notice(rec: CellRecord, cell: CellPlan, behaviour) -> str | None:
                 f"{behaviour.label} (harness/check/versions.py)")
     load = cell.load
     if load is not None and kind.etp_change is None and load.etp != cell.save.etp \
-            and expected(cell, behaviour) == Expected.RULE_UNKNOWN:
+            and rec.expected == Expected.RULE_UNKNOWN:  # under_version has just set it
         return (f"recipe {ref}: expert amax kind {facts.expert_kind!r} loaded at another expert "
                 f"TP (etp{cell.save.etp} -> etp{load.etp}): no rule under {behaviour.label} "
                 "(harness/check/versions.py KindRule.etp_change); what ran is recorded")

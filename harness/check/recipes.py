@@ -19,12 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.model.recipes import DEFAULT_RECIPE
+from harness.model.recipes import DEFAULT_RECIPE, EXPERTS, OTHER, SCALAR, SHARED_EXPERTS, STATIC_BLOCK
 
-SCALAR, STATIC_BLOCK = "scalar", "static-block"
 AMAX_KINDS = (SCALAR, STATIC_BLOCK)
-# Module families whose weight quantizers a recipe may enable (harness/model/quant.py).
-EXPERTS, SHARED_EXPERTS, OTHER = "experts", "shared_experts", "other"
 
 
 @dataclass(frozen=True)

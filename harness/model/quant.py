@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 
 from harness.model.gpt import ModelSize, forward, sample_batch
-from harness.model.recipes import DEFAULT_RECIPE, Recipe, quant_config
+from harness.model.recipes import (DEFAULT_RECIPE, SCALAR, STATIC_BLOCK, Recipe, module_family,
+                                   quant_config)
 from harness.tiers import Backend
 from harness.topology.topology import Topology
 
@@ -47,19 +48,17 @@ def amax_kinds(model) -> dict[str, list[str]]:
     for name, q in tensor_quantizers(model):
         if "weight_quantizer" not in name or not q.is_enabled:
             continue
-        family = ("shared_experts" if ".shared_experts." in name
-                  else "experts" if ".experts." in name else "other")
-        found.setdefault(family, set()).add(_kind(q))
+        found.setdefault(module_family(name), set()).add(_kind(q))
     return {k: sorted(v) for k, v in sorted(found.items())}
 
 
 def _kind(q) -> str:
     amax = getattr(q, "_amax", None)
     if getattr(q, "_global_amax", None) is not None or getattr(q, "is_nvfp4_static", False):
-        return "static-block"
+        return STATIC_BLOCK
     if amax is None:
         return "no-amax"
-    return "scalar" if amax.numel() == 1 else f"shaped{tuple(amax.shape)}"
+    return SCALAR if amax.numel() == 1 else f"shaped{tuple(amax.shape)}"
 
 
 def tensor_quantizers(model):

@@ -12,6 +12,7 @@ Three forms, each with its prefix (the prefix says who owns the text):
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 from dataclasses import dataclass
@@ -21,6 +22,19 @@ DEFAULT_RECIPE = "mtq:NVFP4_DEFAULT_CFG"  # every run before the recipe axis use
 KINDS = ("mtq", "modelopt", "file")
 _MTQ_NAME = re.compile(r"^[A-Z][A-Z0-9_]*_CFG$")
 _BUILTIN_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+
+
+# The amax kinds a recipe's weight quantizers store, per module family: the words the save
+# stage records (harness/model/quant.py) and the catalogue uses (harness/check/recipes.py).
+SCALAR, STATIC_BLOCK = "scalar", "static-block"
+EXPERTS, SHARED_EXPERTS, OTHER = "experts", "shared_experts", "other"
+
+
+def module_family(quantizer_name: str) -> str:
+    """The module family of a quantizer, by its module path."""
+    if ".shared_experts." in quantizer_name:
+        return SHARED_EXPERTS
+    return EXPERTS if ".experts." in quantizer_name else OTHER
 
 
 class RecipeError(ValueError):
@@ -56,6 +70,7 @@ class Recipe:
         return cls(kind, target)
 
 
+@functools.lru_cache(maxsize=None)
 def builtin_library() -> Path | None:
     """The installed ``modelopt_recipes`` folder, found without importing ModelOpt (seconds)."""
     spec = importlib.util.find_spec("modelopt_recipes")
@@ -69,9 +84,11 @@ def _builtin_file(target: str, library: Path) -> Path | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _mtq_defined(name: str) -> bool | None:
     """Whether the installed ModelOpt's quantization config defines ``name`` (None: unknown
-    here), read from its source so the controller need not import ModelOpt."""
+    here), read from its source so the controller need not import ModelOpt (once per name and
+    process: every scenario file without a ``recipe`` asks for the default)."""
     spec = importlib.util.find_spec("modelopt")
     if not spec or not spec.origin:
         return None

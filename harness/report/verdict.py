@@ -209,8 +209,8 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     missing_fix = [e.cell_id for e in evidence
                    if e.role == Role.FIX and e.outcome in NOT_RUN]
     # A known refusal (not the collision) keeps a job safe at the shapes that pass, and is said.
-    refused = sorted({e.cell_id.split("load=")[-1].rstrip("]") for e in evidence
-                      if e.outcome == Outcome.KNOWN_REFUSAL})
+    refused = sorted({c.load.id for c, _, r in rows
+                      if r and r.outcome == Outcome.KNOWN_REFUSAL and c.load is not None})
     caveat = (f"; NOT at {', '.join(refused)}: {SHAPE_REFUSAL_FINDING}" if refused else "")
     if w and complete(Role.WITNESS) and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS, Outcome.KNOWN_REFUSAL)
                                             for o in w) and set(w) != {Outcome.KNOWN_REFUSAL}:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness.check.recipes import recipe_facts
+from harness.check.recipes import STATIC_BLOCK, recipe_facts
 from harness.check.versions import behaviour_for, installed_modelopt
 from harness.model import modules
 from harness.model.gpt import ModelSize, default_size
@@ -117,13 +117,13 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
         if len(got) == 2:
             pairs.append(got)
     topos["pairs"] = tuple(pairs)
-    problems += _recipe_problems(doc.recipe, topos)
+    saved = [(f"saves[{i}]", t) for i, t in enumerate(topos["saves"])]
+    saved += [(f"pairs[{i}][0]", p[0]) for i, p in enumerate(pairs)]
+    problems += _recipe_problems(doc.recipe, doc.tier, saved)
     if doc.shared_gpu_nccl and doc.tier != Tier.GPU:
         problems.append(f"shared_gpu_nccl: true needs tier 'gpu' (NCCL ranks); tier {doc.tier!r} "
                         "runs gloo ranks, which share GPUs already")
     if not on_cuda(doc.tier):  # the save calibrates through megatron-core's pipeline schedule
-        saved = [(f"saves[{i}]", t) for i, t in enumerate(topos["saves"])]
-        saved += [(f"pairs[{i}][0]", p[0]) for i, p in enumerate(pairs)]
         problems += [f"{key}: {t.id}: a save at pp > 1 calibrates through megatron-core's pipeline "
                      "schedule, which allocates its receive buffers on CUDA: tiers gpu-shared "
                      "and gpu only"
@@ -135,9 +135,11 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
     return size, topos
 
 
-def _recipe_problems(text: str, topos: dict) -> list[str]:
+def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]]) -> list[str]:
     """The recipe names one (harness/model/recipes.py), the installed ModelOpt has it, and no
-    save asks ModelOpt to calibrate what it refuses (static NVFP4 experts at expert TP > 1)."""
+    save asks ModelOpt to calibrate what it cannot: static NVFP4 experts at expert TP > 1
+    (refused by ModelOpt), or off CUDA (its static block fake quantization needs triton on a GPU:
+    "RuntimeError static_blockwise_fp4_fake_quant requires triton", seen on the cpu tier)."""
     try:
         recipe = Recipe.parse(text)
     except RecipeError as exc:
@@ -146,10 +148,11 @@ def _recipe_problems(text: str, topos: dict) -> list[str]:
     if missing:
         return [f"recipe: {missing}"]
     facts = recipe_facts(recipe.ref)
+    if facts and facts.expert_kind == STATIC_BLOCK and not on_cuda(tier):
+        return [f"recipe: {recipe.label} calibrates static NVFP4 experts, whose fake quantization "
+                f"runs on CUDA only: tiers gpu-shared and gpu, not {tier}"]
     kind = behaviour_for(installed_modelopt()).kind_rule(facts.expert_kind) if facts else None
     refusal = kind.save_refused_at_etp_gt1 if kind else None
-    saved = [(f"saves[{i}]", t) for i, t in enumerate(topos["saves"])]
-    saved += [(f"pairs[{i}][0]", p[0]) for i, p in enumerate(topos["pairs"])]
     return [f"{key}: {t.id}: recipe {recipe.label} calibrates static NVFP4 experts, which "
             f"nvidia-modelopt refuses at expert TP > 1 ({refusal}); save at etp1"
             for key, t in saved if refusal and t.etp > 1]

@@ -15,11 +15,13 @@ import sys
 def configured_kind(q) -> str:
     """static-block: static NVFP4 blocks (an _amax per block and a _global_amax); scalar: one
     amax per quantizer (dynamic blocks keep only their global amax, per-tensor keeps one)."""
+    from harness.model.recipes import SCALAR, STATIC_BLOCK
+
     blocks = q.block_sizes or {}
     if blocks.get("type") == "static":
-        return "static-block"
+        return STATIC_BLOCK
     if q.axis is None:
-        return "scalar"
+        return SCALAR
     return f"axis{q.axis}"
 
 
@@ -33,7 +35,7 @@ def main(recipes: list[str]) -> dict:
     from modelopt.torch.quantization.nn import TensorQuantizer
 
     from harness.model.gpt import CPU_SIZE, build_gpt
-    from harness.model.recipes import Recipe, quant_config
+    from harness.model.recipes import Recipe, module_family, quant_config
     from harness.paths import REPO_ROOT
     from harness.rank.setup import init_rank
     from harness.tiers import Backend, Tier
@@ -49,9 +51,7 @@ def main(recipes: list[str]) -> dict:
         kinds: dict[str, set] = {}
         for name, q in model.named_modules():
             if isinstance(q, TensorQuantizer) and name.endswith("weight_quantizer") and q.is_enabled:
-                family = ("shared_experts" if ".shared_experts." in name
-                          else "experts" if ".experts." in name else "other")
-                kinds.setdefault(family, set()).add(configured_kind(q))
+                kinds.setdefault(module_family(name), set()).add(configured_kind(q))
         out[ref] = {k: sorted(v) for k, v in kinds.items()}
     return out
 
