@@ -4,6 +4,9 @@ Injects each failure kind ``--count`` times into the tiny gloo rank program and 
 and mode, first-failure -> all-gone latency (median, max) and how often the cause was the
 injected rank. "plain" runs the same program without rank_guard (``--no-guard``): torchrun's
 own teardown, attributed by its "Root Cause" block, which is what the guard replaces.
+``--nccl-shared-gpu``: the same on NCCL (CUDA tensors, every rank on GPU 0 with its own NCCL
+host id, harness/rank/shared_gpu.py; GPU host only, kinds raise, sigkill, hang), and afterwards
+the GPU's compute processes as nvidia-smi lists them (none of ours may be left).
 Figures only, no timed asserts.
 """
 from __future__ import annotations
@@ -20,11 +23,20 @@ PROGRAM = "tests.rank_programs.collectives"
 ROOT_RANK = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?rank\s*:\s*(\d+)", re.S)
 
 
-def one(tmp: Path, kind: str, k: int, nproc: int, guard: bool, pg_timeout: float) -> tuple[float | None, bool, bool]:
+def nccl_shared_env() -> dict:
+    """The stage environment of tier gpu's shared-GPU mode, for the collectives program."""
+    from harness.rank.guard import nccl_env
+    from harness.rank.shared_gpu import SHARED_GPU_ENV
+
+    return {**nccl_env(), SHARED_GPU_ENV: "1", "HARNESS_COLLECTIVES_BACKEND": "nccl"}
+
+
+def one(tmp: Path, kind: str, k: int, nproc: int, guard: bool, pg_timeout: float,
+        env: dict | None = None) -> tuple[float | None, bool, bool]:
     """(teardown seconds, attributed right, leftovers) for one injected run."""
     r = run_stage("bench", tmp, nproc, [] if guard else ["--no-guard"], 120,
-                  env={"HARNESS_INJECT": f"{kind}:{k}:before_save"}, rank_module=PROGRAM,
-                  pg_timeout_s=pg_timeout)
+                  env={**(env or {}), "HARNESS_INJECT": f"{kind}:{k}:before_save"},
+                  rank_module=PROGRAM, pg_timeout_s=pg_timeout)
     if guard:
         right = r.cause is not None and r.cause.rank == k
         if kind == "mismatch":  # a peer detecting the odd message is the honest answer on gloo
@@ -43,7 +55,11 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--kinds", default=",".join(("raise", "sigkill", "hang", "mismatch")))
     ap.add_argument("--pg-timeout", type=float, default=6.0)
+    ap.add_argument("--nccl-shared-gpu", action="store_true",
+                    help="NCCL ranks sharing GPU 0, each its own host (GPU host only)")
     a = ap.parse_args()
+    env = nccl_shared_env() if a.nccl_shared_gpu else None
+    print(f"backend: {'nccl, ' + str(a.nproc) + ' ranks on one GPU' if env else 'gloo'}")
     rows = []
     with tempfile.TemporaryDirectory() as td:
         for kind in a.kinds.split(","):
@@ -51,7 +67,8 @@ def main() -> None:
                 lat, right, orphans = [], 0, 0
                 for i in range(a.count):
                     k = (i % (a.nproc - 1)) + 1 if i % 2 else 0
-                    t, ok, left = one(Path(td) / f"{kind}-{guard}-{i}", kind, k, a.nproc, guard, a.pg_timeout)
+                    t, ok, left = one(Path(td) / f"{kind}-{guard}-{i}", kind, k, a.nproc, guard,
+                                      a.pg_timeout, env)
                     lat += [t] if t is not None else []
                     right += ok
                     orphans += left
@@ -66,6 +83,18 @@ def main() -> None:
     for kind in a.kinds.split(","):
         g, p = med[(kind, "guard")], med[(kind, "plain")]
         print(f"{kind}: plain/guard median teardown ratio = {p / g:.2f}" if g else f"{kind}: n/a")
+    if env:
+        print("GPU compute processes after:", gpu_processes() or "none")
+
+
+def gpu_processes() -> str:
+    import subprocess
+
+    from harness.launch import bounded
+
+    r = bounded.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                    timeout_s=30, stdout=subprocess.PIPE, text=True)
+    return (r.stdout or "").strip()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,13 @@ def cmd_run(args) -> int:
     if any({err.name, Path(err.path).stem} & set(args.scenario) for err in bad):
         return 2  # the scenario asked for is a bad one
     scenarios = [s for s in good if not args.scenario or s.name in args.scenario]
+    if args.nccl_shared_gpu:
+        from harness.scenario.scenarios import as_nccl_shared
+
+        variants = [as_nccl_shared(s) for s in scenarios]
+        for why in (v for v in variants if isinstance(v, str)):
+            print(f"scenario skipped: {why}", file=sys.stderr)  # the others go on
+        scenarios = [v for v in variants if not isinstance(v, str)]
     cells = select_cells(scenarios, args.cells)
     if not cells:
         print(f"no cell matches scenario {args.scenario} / cells {args.cells}; "
@@ -264,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="pool: warm rank pools reused by stages of one world size (default on "
                         "tiers cpu and gpu-shared); fresh: one torchrun per stage (the reference, "
                         "default on tier gpu). Also HARNESS_STAGE_MODE")
+    r.add_argument("--nccl-shared-gpu", action="store_true",
+                   help="run GPU scenarios as tier gpu with NCCL ranks sharing the GPUs, each rank "
+                        "its own NCCL host over loopback sockets (named in every record; cell ids "
+                        "unchanged, to compare with the gloo run: `equivalence --outcomes-only`)")
     r.set_defaults(fn=cmd_run)
 
     sm = sub.add_parser("sample", help="randomized cells the committed grids do not have, run as scenarios")
@@ -319,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     eq.add_argument("candidate", nargs="?", help="results.json of the run to check (e.g. --stage-mode pool)")
     eq.add_argument("--rejudge", nargs="+", metavar="RESULTS",
                     help="recorded runs against themselves judged again under today's rules")
+    eq.add_argument("--outcomes-only", action="store_true",
+                    help="compare only outcome, exception, failing key and failed stage of the "
+                         "cells both runs hold (another transport: NCCL against gloo)")
     eq.set_defaults(fn=cmd_equivalence)
 
     ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -253,6 +254,15 @@ def report_errors(errors: list[ScenarioError], stream=None) -> None:
         if str(exc) not in _REPORTED:
             _REPORTED.add(str(exc))
             print(f"scenario file skipped: {exc}", file=stream or sys.stderr)
+
+
+def as_nccl_shared(s: Scenario) -> Scenario | str:
+    """``s`` run as tier gpu with NCCL ranks sharing GPUs (``run --nccl-shared-gpu``), keeping its
+    name so its cells compare one for one with the gloo run of the same scenario; or why not."""
+    if s.tier == Tier.CPU:
+        return (f"{shown_path(Path(s.source))}: tier 'cpu' runs gloo ranks on CPU; "
+                "--nccl-shared-gpu needs a GPU tier (gpu-shared or gpu)")
+    return replace(s, tier=Tier.GPU, shared_gpu_nccl=True)
 
 
 def load_all(directory: Path = SCENARIO_DIR, golden_dir: Path = GOLDEN_DIR) -> list[Scenario]:

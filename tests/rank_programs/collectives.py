@@ -1,7 +1,9 @@
-"""Tiny rank program for teardown tests: a few gloo collectives around injection points.
+"""Tiny rank program for teardown tests: a few collectives around injection points.
 
 No megatron import, so a 4-rank torchrun starts in seconds. ``--no-guard`` runs the same body
-without ``rank_main`` (plain torchrun behaviour, for bench/teardown.py).
+without ``rank_main`` (plain torchrun behaviour, for bench/teardown.py). Gloo on CPU tensors by
+default; ``HARNESS_COLLECTIVES_BACKEND=nccl`` runs NCCL on CUDA tensors (bench/teardown.py
+``--nccl-shared-gpu``: every rank on GPU 0, each its own NCCL host, harness/rank/shared_gpu.py).
 """
 from __future__ import annotations
 
@@ -34,16 +36,28 @@ def wait_for_every_rank() -> None:
     store.wait(["collectives/all-up"])
 
 
+def _backend() -> tuple[str, str]:
+    """(process-group backend, tensor device) this program runs with."""
+    if os.environ.get("HARNESS_COLLECTIVES_BACKEND", "gloo") != "nccl":
+        return "gloo", "cpu"
+    from harness.rank import shared_gpu
+
+    shared_gpu.apply(int(os.environ["RANK"]))
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    return "nccl", "cuda"
+
+
 def body() -> dict:
     wait_for_every_rank()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=pg_timeout_s()))
+    backend, dev = _backend()
+    dist.init_process_group(backend, timeout=timedelta(seconds=pg_timeout_s()))
     rank, world = dist.get_rank(), dist.get_world_size()
-    t = torch.full((8,), float(rank))
+    t = torch.full((8,), float(rank), device=dev)
     dist.all_reduce(t)
     inject.point("after_build")
     dist.barrier()
     inject.point("before_save")
-    t2 = torch.ones(16)
+    t2 = torch.ones(16, device=dev)
     dist.all_reduce(t2)
     dist.barrier()
     inject.point("before_load")
