@@ -45,6 +45,11 @@ class TierFacts:
     stage_mode: StageMode
     # Asserted: loaded model vs the saved state written into a model at the load topology.
     logits_tolerance: float = 0.0
+    # After the first failure, how long torchrun may tear the job down by itself before the
+    # controller kills the session. Gloo peers leave at once ("Connection closed by peer").
+    # NCCL peers sit in a collective that never errors (measured, NCCL ranks sharing one H100:
+    # still alive after 3 s at world 2, 4 and 8, docs/runs/20261206-0551-nccl-teardown.md).
+    teardown_grace_s: float = 3.0
 
 
 TABLE = {
@@ -53,7 +58,7 @@ TABLE = {
     Tier.GPU_SHARED: TierFacts(Backend.TE, "gloo", cuda=True, gpu_per_rank=False,
                                stage_mode=StageMode.POOL),
     Tier.GPU: TierFacts(Backend.TE, "nccl", cuda=True, gpu_per_rank=True,
-                        stage_mode=StageMode.FRESH),
+                        stage_mode=StageMode.FRESH, teardown_grace_s=1.0),
 }
 TIERS = tuple(t.value for t in Tier)
 BACKENDS = tuple(b.value for b in Backend)

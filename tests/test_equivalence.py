@@ -65,3 +65,20 @@ def test_the_run_id_inside_a_verify_figure_is_not_a_difference():
     assert differences(doc, other) == []
     b["verify"]["load_warnings"] = [f"moe-ckpt-fix: results/{other['run_id']}/saves/g/ckpt holds y"]
     assert len(differences(doc, other)) == 1
+
+
+def test_outcomes_only_compares_the_cells_both_runs_ran():
+    """Another transport (NCCL against gloo): outcome, exception, failing key and failed stage of
+    the cells both ran; first rank and figures may differ, interrupted cells say nothing."""
+    doc = json.loads(RUN.read_text())
+    other = copy.deepcopy(doc)
+    bug = next(c for c in other["cells"] if c["outcome"] == "bug-reproduced")
+    bug["first_failure_rank"], bug["verify"] = 7, {"elsewhere": 1}
+    others = [c for c in other["cells"] if c is not bug]
+    others[0]["outcome"] = "interrupted"
+    other["cells"].remove(others[-1])
+    assert differences(doc, other, outcomes_only=True) == []
+    bug["failing_key"] = "another.key"
+    assert differences(doc, other, outcomes_only=True) == [
+        f"{bug['cell_id']}: failing_key "
+        f"{next(c for c in doc['cells'] if c['cell_id'] == bug['cell_id'])['failing_key']!r} != 'another.key'"]

@@ -61,3 +61,22 @@ def test_the_committed_scenario_plans_the_mode_and_names_it(monkeypatch):
     assert rec.nccl_mode == "NCCL, 8 ranks on 1 GPU(s), socket transport (each rank its own host)"
     assert _tier_env("gpu", True)[shared_gpu.SHARED_GPU_ENV] == "1"
     assert shared_gpu.SHARED_GPU_ENV not in _tier_env("gpu")
+
+
+def test_run_flag_turns_gpu_scenarios_into_the_mode_under_their_own_names(capsys):
+    """``run --nccl-shared-gpu``: the same cells on NCCL, ids unchanged (so they compare with the
+    gloo run one for one), and a cpu scenario refused in one line while the others go on."""
+    from harness.cli import main
+    from harness.scenario.scenarios import as_nccl_shared, load_all
+
+    by_name = {s.name: s for s in load_all()}
+    gloo = by_name["gpu-witness"]
+    nccl = as_nccl_shared(gloo)
+    assert (nccl.tier, nccl.shared_gpu_nccl, nccl.name) == ("gpu", True, gloo.name)
+    assert [c.id for c in nccl.cells()] == [c.id for c in gloo.cells()]
+    why = as_nccl_shared(by_name["cpu-reshard"])
+    assert isinstance(why, str) and "\n" not in why and "cpu_reshard.toml: tier 'cpu'" in why
+    main(["run", "--nccl-shared-gpu", "--scenario", "cpu-reshard", "--scenario", "gpu-world1"])
+    out = capsys.readouterr()
+    assert "scenario skipped: scenarios/cpu_reshard.toml: tier 'cpu'" in out.err
+    assert "| gpu |" in out.out  # gpu-world1 went on, planned as tier gpu (skipped: no GPU here)

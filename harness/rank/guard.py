@@ -89,18 +89,34 @@ def _arm_stack_dumps(rank: int, stacks_dir: Path | None = None, limit_s: float |
         previous.close()
 
 
-def abort_process_group() -> None:
-    """Abort (never destroy) every process group: peers may sit in a collective."""
-    try:
-        import torch.distributed as dist
+# How long a failing rank waits for its abort before it leaves anyway: an NCCL communicator
+# whose peers sit in a collective may not finish aborting (the process exits regardless).
+ABORT_BOUND_S = 0.5
 
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        from torch.distributed import distributed_c10d as c10d
 
-        c10d._abort_process_group()  # torch 2.13 has no public abort; this aborts all groups
-    except Exception as e:  # noqa: BLE001 - we exit right after; just leave a trace
-        print(f"[rank_guard] abort failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+def abort_process_group(bound_s: float = ABORT_BOUND_S) -> None:
+    """Abort (never destroy) every process group: peers may sit in a collective. Bounded: the
+    abort runs in a daemon thread this rank stops waiting for after ``bound_s``."""
+    import threading
+
+    def abort() -> None:
+        try:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+            from torch.distributed import distributed_c10d as c10d
+
+            c10d._abort_process_group()  # torch 2.13 has no public abort; this aborts all groups
+        except Exception as e:  # noqa: BLE001 - we exit right after; just leave a trace
+            print(f"[rank_guard] abort failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+    worker = threading.Thread(target=abort, name="rank-guard-abort", daemon=True)
+    worker.start()
+    worker.join(bound_s)
+    if worker.is_alive():
+        print(f"[rank_guard] abort still running after {bound_s} s; leaving without it",
+              file=sys.stderr, flush=True)
 
 
 def destroy_process_group() -> None:

@@ -16,12 +16,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.check.results_file import ResultsFileError, read_results
-from harness.records import CellRecord, RunResults
+from harness.records import CellRecord, Outcome, RunResults
 
 SAME = ("outcome", "exception_type", "failing_key", "first_failure_rank", "failed_stage")
 # ``--outcomes-only``: the same cells on another transport (NCCL ranks sharing a GPU against
 # gloo, issue 42): which rank reports first and the figures may differ, the product's answer not.
 SAME_OUTCOME = ("outcome", "exception_type", "failing_key", "failed_stage")
+NOT_COMPARED = (Outcome.INTERRUPTED, Outcome.SKIPPED)  # say nothing about the product
+
+
+def compared_ids(reference: dict, candidate: dict) -> set[str]:
+    """``--outcomes-only``: the cells both runs hold and ran (neither interrupted nor skipped)."""
+    ran = [{c.cell_id for c in RunResults.of(d).cells if c.outcome not in NOT_COMPARED}
+           for d in (reference, candidate)]
+    return ran[0] & ran[1]
 
 
 def verify_figures(verify: dict | None, run_id: str = "") -> dict:
@@ -47,7 +55,7 @@ def differences(reference: dict, candidate: dict, outcomes_only: bool = False) -
     if not outcomes_only:
         out += [f"{cid}: only in the reference run" for cid in sorted(set(ref) - set(got))]
         out += [f"{cid}: only in the candidate run" for cid in sorted(set(got) - set(ref))]
-    for cid in sorted(set(ref) & set(got)):
+    for cid in sorted(compared_ids(reference, candidate) if outcomes_only else set(ref) & set(got)):
         a, b = ref[cid], got[cid]
         out += [f"{cid}: {k} {getattr(a, k)!r} != {getattr(b, k)!r}"
                 for k in (SAME_OUTCOME if outcomes_only else SAME) if getattr(a, k) != getattr(b, k)]
@@ -116,13 +124,12 @@ def main(args) -> int:
     diffs = differences(ref, got, outcomes_only=only)
     cells = len(RunResults.of(ref).cells)
     if only:
-        ids = {c.cell_id for c in RunResults.of(ref).cells} & {c.cell_id for c in RunResults.of(got).cells}
-        cells = len(ids)
+        cells = len(compared_ids(ref, got))
     if diffs:
         print(f"NOT equivalent: {len(diffs)} difference(s) over {cells} {'common' if only else 'reference'} cells")
         print("\n".join(f"  {d}" for d in diffs))
         return 1
-    print(f"equivalent: {cells} common cells, same outcome, exception, failing key and failed stage"
+    print(f"equivalent: {cells} cells both ran, same outcome, exception, failing key and failed stage"
           if only else f"equivalent: {cells} cells, same outcome, exception, failing key, first "
           "rank and verify figures")
     return 0

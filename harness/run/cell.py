@@ -106,7 +106,7 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
         key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run_dir, env)
         return POOLS.run(key, spec_path, spec.stage, stage_dir, timeout_s).result()
     run = run_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
-                    timeout_s=timeout_s, env=env)
+                    timeout_s=timeout_s, env=env, grace_s=facts(spec.tier).teardown_grace_s)
     return run.result()
 
 

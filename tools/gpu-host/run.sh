@@ -76,24 +76,29 @@ case "$1" in
     python3 -m harness equivalence "$(ls -d $R/*-eq-fresh | tail -1)/results.json" \
       "$(ls -d $R/*-eq-pool | tail -1)/results.json" ;;
   sample)
-    start=$(date +%s)
-    # only the FP8 extension: precompile() builds every extension (159 s on the H100, 20261206)
-    mkdir -p $R; python3 -c "from modelopt.torch.quantization.extensions import get_cuda_ext_fp8; get_cuda_ext_fp8(raise_if_failed=True)" > $R/precompile.log 2>&1
-    echo "precompile: rc $? wall $(( $(date +%s) - start )) s"
-    WIT=${RECIPE_SCENARIOS_none:-gpu-ultra-recipe-witness,gpu-ultra-modules-witness,gpu-nano-recipe-witness,gpu-super-recipe-witness}
-    FIX=${RECIPE_SCENARIOS_fix:-gpu-ultra-recipe,gpu-nano-recipe,gpu-modules}
-    recipe_part() {  # <modelopt>-<patch>[-mc<megatron-core>], e.g. 0.48.0rc1-none-mc0.16.1
-      local part=$1 v=${1%%-*} rest=${1#*-} py=python3 sc=$WIT start=$(date +%s)
-      local patch=${rest%%-*} mc=
-      [ "$rest" != "$patch" ] && mc=${rest#*-mc}
-      if [ "$v" != 0.47.0 ] || [ -n "$mc" ]; then  # the wheelhouse has 0.47.0 + megatron-core 0.19.2
-        py=$(MATRIX_ENV_MODE=system MATRIX_MCORE=$mc bash tools/matrix-env.sh "$v" | tail -1)
-      fi
-      [ "$patch" = fix ] && sc=$FIX
-      timeout -s TERM ${RECIPE_PART_TIMEOUT_S:-520} $py -m harness --results-root $R run \
-        --label recipes-$part --jobs ${RECIPE_JOBS:-3} $(SCENARIOS=$sc scenarios) ${RECIPE_CELLS:-} > "$OUT/recipes-$part.log" 2>&1
-      echo "$part: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$OUT/recipes-$part.log"
+    PY048=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
+    T=${SAMPLE_PART_TIMEOUT_S:-280}
+    SL=${SAMPLE_SLICE:+--slice $SAMPLE_SLICE}; TAG=${SAMPLE_SLICE:+-slice${SAMPLE_SLICE//\//of}}
+    sample_part() {  # one part, bounded; its log in $OUT
+      local part=$1 start=$(date +%s) py=python3 log
+      [ "$part" = 0.48.0rc1 ] && part=0.48.0rc1-none
+      log="$OUT/sample-$part$TAG.log"; [ "$part" = cross ] && log="$OUT/sample-cross.log"
+      case "$part" in
+        cross)
+          timeout -s TERM $T $PY048 -m harness --results-root $R run --label cross-topology-0.48.0rc1 \
+            --jobs 4 --scenario gpu-cross-topology --scenario gpu-cross-topology-8 > "$log" 2>&1 ;;
+        0.48.0rc1-none|0.47.0-fix|0.47.0-none)
+          [ "${part%-*}" = 0.48.0rc1 ] && py=$PY048
+          timeout -s TERM $T $py -m harness --results-root $R sample --seed ${SAMPLE_SEED:-25} \
+            --cells ${SAMPLE_CELLS:-50} --loads-per-save ${SAMPLE_LOADS_PER_SAVE:-5} $SL \
+            --jobs ${SAMPLE_JOBS:-4} --patch ${part##*-} --label sample-$part$TAG > "$log" 2>&1 ;;
+        *) echo "run.sh sample: unknown part '$part' (cross, 0.48.0rc1, 0.47.0-fix, 0.47.0-none)" >&2
+           return 2 ;;
+      esac
+      echo "$part$TAG: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$log"
     }
+    # SAMPLE_CONCURRENT=1: the parts at once (the save and load waves of one part leave cores idle)
+    # (wait on these pids only: a bare `wait` would also wait for the memory sampler, forever)
     PIDS=()
     for part in $(echo "${SAMPLE_PARTS:-cross,0.48.0rc1,0.47.0-fix,0.47.0-none}" | tr , ' '); do
       if [ "${SAMPLE_CONCURRENT:-0}" = 1 ]; then sample_part "$part" & PIDS+=($!); else sample_part "$part"; fi
@@ -103,19 +108,24 @@ case "$1" in
     # at once, each bounded by RECIPE_PART_TIMEOUT_S (520); RECIPE_SCENARIOS_<patch> narrows.
     # MSE calibration compiles ModelOpt's modelopt_cuda_ext_fp8 once per host (about 40 s):
     # done first, so no stage pays it inside its timeout. Carry .whl-048.
-    PY048=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
     start=$(date +%s)
     # only the FP8 extension: precompile() builds every extension (159 s on the H100, 20261206)
     mkdir -p $R; python3 -c "from modelopt.torch.quantization.extensions import get_cuda_ext_fp8; get_cuda_ext_fp8(raise_if_failed=True)" > $R/precompile.log 2>&1
     echo "precompile: rc $? wall $(( $(date +%s) - start )) s"
     WIT=${RECIPE_SCENARIOS_none:-gpu-ultra-recipe-witness,gpu-ultra-modules-witness,gpu-nano-recipe-witness,gpu-super-recipe-witness}
     FIX=${RECIPE_SCENARIOS_fix:-gpu-ultra-recipe,gpu-nano-recipe,gpu-modules}
-    recipe_part() {
-      local part=$1 py=python3 sc=$WIT start=$(date +%s)
-      [ "${part%-*}" = 0.48.0rc1 ] && py=$PY048
-      [ "${part##*-}" = fix ] && sc=$FIX
+    recipe_part() {  # <modelopt>-<patch>[-mc<megatron-core>], e.g. 0.48.0rc1-none-mc0.16.1
+      local part=$1 v=${1%%-*} rest=${1#*-} py=python3 sc=$WIT start=$(date +%s)
+      local patch=${rest%%-*} mc=
+      local -; set -f  # RECIPE_CELLS holds globs for harness, not for the shell
+      [ "$rest" != "$patch" ] && mc=${rest#*-mc}
+      if [ "$v" != 0.47.0 ] || [ -n "$mc" ]; then  # the wheelhouse has 0.47.0 + megatron-core 0.19.2
+        py=$(MATRIX_ENV_MODE=system MATRIX_MCORE=$mc bash tools/matrix-env.sh "$v" | tail -1)
+        [ -x "$py" ] || { echo "$part: no environment (tools/matrix-env.sh)"; return 1; }
+      fi
+      [ "$patch" = fix ] && sc=$FIX
       timeout -s TERM ${RECIPE_PART_TIMEOUT_S:-520} $py -m harness --results-root $R run \
-        --label recipes-$part --jobs ${RECIPE_JOBS:-3} $(SCENARIOS=$sc scenarios) > "$OUT/recipes-$part.log" 2>&1
+        --label recipes-$part --jobs ${RECIPE_JOBS:-3} $(SCENARIOS=$sc scenarios) ${RECIPE_CELLS:-} > "$OUT/recipes-$part.log" 2>&1
       echo "$part: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$OUT/recipes-$part.log"
     }
     PIDS=()
@@ -140,10 +150,12 @@ case "$1" in
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 | tee $P/after.txt ;;
   nccl-teardown)
     P=$R/nccl-teardown; mkdir -p $P
+    PIDS=()  # a bare `wait` would wait for the nvidia-smi sampler too
     for n in ${TEARDOWN_WORLDS:-2 4 8}; do
-      timeout -s TERM ${TEARDOWN_BENCH_TIMEOUT_S:-200} python3 bench/teardown.py --nccl-shared-gpu --nproc $n \
-        --count ${TEARDOWN_COUNT:-1} --kinds raise,sigkill,hang --pg-timeout 10 > "$P/bench-world$n.log" 2>&1 &
-    done; wait
+      PYTHONPATH=$PWD_ROOT${PYTHONPATH:+:$PYTHONPATH} timeout -s TERM ${TEARDOWN_BENCH_TIMEOUT_S:-200} \
+        python3 bench/teardown.py --nccl-shared-gpu --nproc $n --count ${TEARDOWN_COUNT:-1} \
+        --kinds raise,sigkill,hang --pg-timeout 10 > "$P/bench-world$n.log" 2>&1 & PIDS+=($!)
+    done; wait "${PIDS[@]}"
     for n in ${TEARDOWN_WORLDS:-2 4 8}; do echo "== bench world $n"; tail -n 12 "$P/bench-world$n.log"; done
     for inj in ${TEARDOWN_INJECT:-raise:1:before_save raise:1:before_load hang:1:before_save}; do
       name=$(echo "$inj" | tr : -) start=$(date +%s)
@@ -151,7 +163,7 @@ case "$1" in
         $H run --label nccl-teardown-$name --jobs 3 --scenario gpu-nccl-teardown > "$P/$name.log" 2>&1
       echo "$inj: rc $? wall $(( $(date +%s) - start )) s"
     done
-    python3 tools/gpu-host/teardown_table.py $(for d in $R/*-nccl-teardown-*/; do d=${d%/}; echo "${d##*nccl-teardown-}=$d/results.json"; done) | tee "$OUT/teardown-table.md"
+    PYTHONPATH=$PWD_ROOT${PYTHONPATH:+:$PYTHONPATH} python3 tools/gpu-host/teardown_table.py $(for d in $R/*-nccl-teardown-*/; do d=${d%/}; echo "${d##*nccl-teardown-}=$d/results.json"; done) | tee "$OUT/teardown-table.md"
     echo "rank processes left: $(pgrep -fc 'harness.rank|rank_programs' || true)"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 | tee "$P/after.txt"
     tar czf "$OUT/nccl-teardown.tgz" --exclude='*/ckpt' --exclude='*/reference' $R/*-nccl-teardown-* $P 2>/dev/null ;;
