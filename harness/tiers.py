@@ -48,7 +48,7 @@ class TierFacts:
     # After the first failure, how long torchrun may tear the job down by itself before the
     # controller kills the session. Gloo peers leave at once ("Connection closed by peer").
     # NCCL peers sit in a collective that never errors (measured, NCCL ranks sharing one H100:
-    # still alive after 3 s at world 2, 4 and 8, docs/runs/20261206-0551-nccl-teardown.md).
+    # still alive after 3 s at world 2, 4 and 8, docs/runs/20261206-0532-device-session.md).
     teardown_grace_s: float = 3.0
 
 
