@@ -265,6 +265,15 @@ class RunResults:
     def of(cls, doc: "RunResults | Mapping[str, Any]") -> "RunResults":
         return doc if isinstance(doc, cls) else cls.from_json(doc)
 
+    def to_json(self) -> dict:
+        """results.json as written (harness/run/results.py collect): ``incomplete`` and
+        ``interrupted_by`` only on a run that was stopped."""
+        doc = {"run_id": self.run_id, "created": self.created, "versions": self.versions,
+               "tier": self.tier, "cells": [c.as_dict() for c in self.cells]}
+        if self.incomplete:
+            doc.update(incomplete=True, interrupted_by=self.interrupted_by)
+        return doc
+
     def version(self, dist: str) -> str | None:
         """The version of ``dist`` (``nvidia-modelopt``, ``megatron-core``, ...) the run recorded."""
         return self.versions.get(dist) or None

@@ -107,7 +107,7 @@ def test_run_cell_judges_once(tmp_path, monkeypatch):
 
     save, load = _stages(_verify(0.0))
     monkeypatch.setattr(runner, "run_save", lambda c, d: save)
-    monkeypatch.setattr(runner, "_launch", lambda spec, d, c: load)
+    monkeypatch.setattr(runner, "_launch", lambda spec, d, c, run: load)
     calls = []
     real = judge.judge_cell
     monkeypatch.setattr(judge, "judge_cell", lambda *a, **k: calls.append(a) or real(*a, **k))
