@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.records import Stage
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = REPO_ROOT / "scenarios"
 QUARANTINE_FILE = SCENARIO_DIR / "quarantine.toml"
@@ -98,7 +100,7 @@ class RunDir:
         return self.root / "cells" / safe_name(cell_id)
 
     def load(self, cell_id: str) -> Path:
-        return self.cell(cell_id) / "load"
+        return self.cell(cell_id) / Stage.LOAD
 
     def record(self, cell_id: str) -> Path:
         return self.cell(cell_id) / "record.json"
