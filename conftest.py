@@ -219,7 +219,7 @@ def pytest_sessionfinish(session):
     from harness.paths import RunDir
 
     if RunDir(run).records():
-        from harness.scenario.machine import versions
+        from harness.machine import versions
         from harness.run.results import collect
 
         from harness.launch.signals import shutdown_signal

@@ -211,6 +211,13 @@ class CellRecord:
         return Verify.from_json(self.verify)
 
 
+# What a per-expert weight-quantizer amax holds after a load, worst first: a zero placeholder
+# (modelopt >= 0.48 registers one for every expert before loading), another value, or the
+# checkpoint's value. ``absent``: no rank's model has the buffer at all. The load ranks count
+# them (harness/rank/compare.py), the judge names them (harness/check/judge.py).
+AMAX_STATES = ("absent", "placeholder-zero", "differs", "restored")
+
+
 @dataclass(frozen=True)
 class Verify:
     """A load's verify figures (rank 0's measurements, judged: docs/ARCHITECTURE.md), typed where

@@ -128,7 +128,7 @@ def new_record(cell: Cell) -> CellRecord:
     )
     if s.shared_gpu_nccl:  # said in the record and the report, never a silent stand-in
         from harness.rank.shared_gpu import describe
-        from harness.scenario.machine import gpu_count
+        from harness.machine import gpu_count
 
         rec.nccl_mode = describe(cell.world, gpu_count())
     judge.under_version(rec, cell.plan, None)

@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.scenario.machine import skip_reason, tier_skip_reason, versions
+from harness.machine import skip_reason, tier_skip_reason, versions
 from harness.launch.pool import POOLS, stage_mode
 from harness.launch.signals import shutdown_signal
 from harness.paths import RunDir
@@ -134,36 +134,3 @@ def dump_metadata(topo, tier: str, backend: str, patch: str, out: Path, results_
                     [str(spec.write(stage_dir / "spec.json"))], timeout_s=300)
     print(run.summary())
     return 0 if run.ok else 1
-
-
-def run_probe(probe: dict, nproc: int, stage_dir: Path, timeout_s: float = 240):
-    """Start ``harness.rank.probes`` on ``nproc`` gloo ranks; returns the launcher's StageRun."""
-    import json
-
-    from harness.launch.torchrun import run_stage
-
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    spec = stage_dir / "probe.json"
-    spec.write_text(json.dumps(probe))
-    return run_stage(f"probe-{probe['probe']}", stage_dir, nproc, [str(spec)],
-                     timeout_s=timeout_s, rank_module="harness.rank.probes")
-
-
-def probe_oracle_world(topologies, world: int, num_experts: int, stage_dir: Path,
-                       chunk: int = 16) -> dict:
-    """Real megatron-core validation of the per-expert amax rule for topologies of one world.
-
-    Every topology builds all of megatron's process groups anew and torch keeps the old ones
-    alive, so one torchrun handles at most ``chunk`` topologies (seen: 49 topologies on 6 gloo
-    ranks stalled in group creation).
-    """
-    results: dict = {}
-    for n in range(0, len(topologies), chunk):
-        part = topologies[n:n + chunk]
-        run = run_probe({"probe": "oracle", "topologies": [t.id for t in part],
-                         "num_experts": num_experts}, world, stage_dir / f"chunk{n // chunk}",
-                        timeout_s=120 + 10 * len(part))
-        if not run.ok:
-            raise RuntimeError(f"oracle probe on {world} ranks failed: {run.summary()}")
-        results.update(run.rank_results[0]["results"])
-    return results

@@ -79,7 +79,7 @@ def mcores_from(args) -> list[str]:
     """``--mcore`` values in order, a series (0.15.x) resolved to its newest tested patch;
     ValueError (one line) for a value that is not a release or a tested series."""
     from harness.check.versions import DEFAULT_MCORE_MATRIX
-    from harness.scenario.machine import SUPPORTED_MCORE
+    from harness.machine import SUPPORTED_MCORE
 
     out = []
     for v in getattr(args, "mcore", None) or DEFAULT_MCORE_MATRIX:

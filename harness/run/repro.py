@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.paths import RunDir
 from harness.run.results import exit_code
 from harness.scenario import selections
-from harness.scenario.machine import tier_skip_reason, versions
+from harness.machine import tier_skip_reason, versions
 from harness.tiers import Tier
 from harness.topology.topology import Topology
 
@@ -40,7 +40,7 @@ def _show_map() -> None:
 
 def _show_real_validation(run_dir: Path) -> bool:
     from harness.topology.oracle import predicts_failure
-    from harness.run.cells import probe_oracle_world
+    from harness.run.validation_probes import probe_oracle_world
 
     topos = [Topology.parse(t) for t in VALIDATION_SHOWCASE]
     print("\n== megatron-core validate_sharding_integrity, real, on 2 gloo ranks "
