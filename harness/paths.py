@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.records import Stage
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = REPO_ROOT / "scenarios"
 QUARANTINE_FILE = SCENARIO_DIR / "quarantine.toml"
@@ -99,8 +97,9 @@ class RunDir:
     def cell(self, cell_id: str) -> Path:
         return self.root / "cells" / safe_name(cell_id)
 
-    def load(self, cell_id: str) -> Path:
-        return self.cell(cell_id) / Stage.LOAD
+    def stage(self, cell_id: str, stage: str) -> Path:
+        """A stage of the cell's own (its load: ``cells/<cell-id>/load/``); its save is shared."""
+        return self.cell(cell_id) / stage
 
     def record(self, cell_id: str) -> Path:
         return self.cell(cell_id) / "record.json"

@@ -100,9 +100,9 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell, run: RunDir) -> StageR
     if stage_mode(spec.tier) == StageMode.POOL:  # pools live in the run directory
         key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run.root, env)
         return POOLS.run(key, spec_path, spec.stage, stage_dir, timeout_s).result()
-    run = run_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
-                    timeout_s=timeout_s, env=env)
-    return run.result()
+    fresh = run_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
+                      timeout_s=timeout_s, env=env)
+    return fresh.result()
 
 
 def _tier_env(tier: str, shared_gpu_nccl: bool = False) -> dict:
@@ -147,8 +147,8 @@ def run_cell(cell: Cell, run_dir: RunDir | Path) -> CellRecord:
         save = run_save(cell, run)
         _note_stage(rec, Stage.SAVE, save)
         if cell.load is not None and save.ok and not save.interrupted:
-            load = _launch(_spec(cell, Stage.LOAD, cell.load, run.save(cell.save_id)), run.load(cell.id),
-                           cell, run)
+            spec = _spec(cell, Stage.LOAD, cell.load, run.save(cell.save_id))
+            load = _launch(spec, run.stage(cell.id, Stage.LOAD), cell, run)
             _note_stage(rec, Stage.LOAD, load)
     judge.judge_cell(rec, cell.plan, save, load, stopped)
     write_record(rec, run.record(cell.id))
