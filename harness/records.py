@@ -173,6 +173,10 @@ class CellRecord:
     amax_kinds: dict | None = None
     # Tier gpu with NCCL ranks sharing GPUs (a scenario's shared_gpu_nccl): how it ran, in words.
     nccl_mode: str | None = None
+    # Whether a stage of the cell ran past its limit (StageResult.timed_out, noted by
+    # harness/run/cell.py). None: recorded before the field, whose reason then said so
+    # (harness/check/rejudge.py reads both).
+    timed_out: bool | None = None
 
     @property
     def recipe_ref(self) -> str:
@@ -182,7 +186,7 @@ class CellRecord:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        for late in ("recipe", "amax_kinds", "nccl_mode"):  # fields younger than most committed runs
+        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out"):  # fields younger than most committed runs
             if out[late] is None:
                 del out[late]
         return out

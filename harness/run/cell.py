@@ -124,7 +124,7 @@ def new_record(cell: Cell) -> CellRecord:
         scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
         save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
         patch=s.patch, expected="", modelopt=installed_modelopt(), stage_mode=stage_mode(s.tier),
-        recipe=s.recipe,
+        recipe=s.recipe, timed_out=False,
     )
     if s.shared_gpu_nccl:  # said in the record and the report, never a silent stand-in
         from harness.rank.shared_gpu import describe
@@ -156,13 +156,15 @@ def run_cell(cell: Cell, run_dir: RunDir | Path) -> CellRecord:
 
 
 def _note_stage(rec: CellRecord, which: str, stage: StageResult) -> None:
-    """The stage's durations (rank 0's phases) and peak memory (largest rank, sum of ranks).
+    """The stage's durations (rank 0's phases), peak memory (largest rank, sum of ranks) and
+    whether it ran past its limit.
 
     Rank 0's phases are framed by ``start`` (the stage started -> its clock started: torchrun's
     agent, the interpreter, importing torch and the harness; in a warm pool, taking the job)
     and ``exit`` (its result written -> every rank and torchrun gone: destroying the process
     group, leaving; in a pool, the reset), so that the phases add up to the stage wall."""
     rec.durations[f"{which}_stage"] = stage.wall_s
+    rec.timed_out = bool(rec.timed_out or stage.timed_out)
     r0 = stage.rank0
     clock, written = r0.get("clock_started_at"), r0.get("result_written_at")
     if stage.started_at is not None and clock is not None:
