@@ -3,7 +3,7 @@
 A stage result is built once (from a torchrun by harness/launch/torchrun.py, or from a golden
 checkpoint by harness/run/cell.py), written as ``stage.json``, read back as the same type and
 judged by harness/check/judge.py. A cell record is one entry of results.json
-(schema in docs/ARCHITECTURE.md).
+(schema in docs/records.md).
 """
 from __future__ import annotations
 
@@ -224,7 +224,7 @@ AMAX_STATES = ("absent", "placeholder-zero", "differs", "restored")
 
 @dataclass(frozen=True)
 class Verify:
-    """A load's verify figures (rank 0's measurements, judged: docs/ARCHITECTURE.md), typed where
+    """A load's verify figures (rank 0's measurements, judged: docs/records.md), typed where
     the read side uses them; ``figures`` keeps every figure as recorded."""
 
     figures: dict = field(default_factory=dict)
@@ -251,7 +251,7 @@ class Verify:
 
 @dataclass
 class RunResults:
-    """One results.json (docs/ARCHITECTURE.md), read through ``from_json``; its cells are
+    """One results.json (docs/records.md), read through ``from_json``; its cells are
     CellRecords (a cell lacking a tier takes the run's)."""
 
     run_id: str = "?"
