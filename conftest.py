@@ -72,9 +72,9 @@ def pytest_configure(config):
     config.harness_gpus = _controller_gpus()
     # Reserved now, exclusively (xdist workers share it; another session never does); removed
     # at the end when no cell ran, so --collect-only leaves no empty results/<ts>-pytest behind.
-    from harness.run.results import new_run_dir
+    from harness.paths import RunDir
 
-    config.harness_run_dir = new_run_dir(Path(config.getoption("--results-root")), "pytest")
+    config.harness_run_dir = RunDir.new(Path(config.getoption("--results-root")), "pytest").root
 
 
 def pytest_configure_node(node):  # xdist hook: hand run directory and GPU list to each worker
@@ -216,8 +216,10 @@ def pytest_sessionfinish(session):
     if hasattr(session.config, "workerinput"):
         return
     run = session.config.harness_run_dir
-    if any(run.glob("cells/*/record.json")):
-        from harness.scenario.machine import versions
+    from harness.paths import RunDir
+
+    if RunDir(run).records():
+        from harness.machine import versions
         from harness.run.results import collect
 
         from harness.launch.signals import shutdown_signal

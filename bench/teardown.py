@@ -84,7 +84,7 @@ def main() -> None:
         g, p = med[(kind, "guard")], med[(kind, "plain")]
         print(f"{kind}: plain/guard median teardown ratio = {p / g:.2f}" if g else f"{kind}: n/a")
     if env:
-        print("GPU compute processes after:", gpu_processes() or "none")
+        print("GPU compute processes after:", gpu_processes() or "(nvidia-smi lists none)")
 
 
 def gpu_processes() -> str:

@@ -1,7 +1,10 @@
-"""Where things live in this repository: the one place each path is written down."""
+"""Where things live in this repository and in a run directory: the one place each path is
+written down."""
 from __future__ import annotations
 
 import re
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -23,3 +26,99 @@ def shown_path(path: Path) -> str:
 def safe_name(name: str) -> str:
     """A cell or save id as one directory name (ids hold '[', '=', ',')."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
+RESULTS_FILE = "results.json"  # a run's records, in every run directory
+
+
+@dataclass(frozen=True)
+class SaveDir:
+    """One save stage's directory: its checkpoint, the topology-independent reference the load
+    stages compare against, the stage's files (spec.json, logs/, ranks/, ...) and its result."""
+
+    root: Path
+
+    @property
+    def ckpt(self) -> Path:
+        return self.root / "ckpt"
+
+    @property
+    def reference(self) -> Path:
+        return self.root / "reference"
+
+    @property
+    def result(self) -> Path:
+        """The save's StageResult, written once: a later cell of the same save reuses it."""
+        return self.root / "stage.json"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """One run's directory, ``<results-root>/<run-id>/``: the one place its layout is spelled.
+
+    ``saves/<save-id>/`` a save stage (SaveDir; a golden's verified copy stands in for it),
+    ``cells/<cell-id>/load/`` a cell's load stage, ``cells/<cell-id>/record.json`` its record,
+    ``pools/<name>/`` the warm rank pools, ``results.json`` every record (harness/run/results.py),
+    ``summary.md`` and ``grid.png`` the report."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, run: "RunDir | Path | str") -> "RunDir":
+        return run if isinstance(run, RunDir) else cls(Path(run))
+
+    @classmethod
+    def new(cls, results_root: Path = RESULTS_DIR, label: str = "run") -> "RunDir":
+        """A fresh directory no other run in this checkout can get: runs started in the same
+        second (or by two processes at once) get ``-2``, ``-3``, ... (mkdir is atomic)."""
+        results_root.mkdir(parents=True, exist_ok=True)
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{label}"
+        for n in range(1, 10_000):
+            run = results_root / (stem if n == 1 else f"{stem}-{n}")
+            try:
+                run.mkdir()
+                return cls(run)
+            except FileExistsError:
+                continue
+        raise RuntimeError(f"{results_root}: no free run directory for {stem}")
+
+    @staticmethod
+    def results_files(results_root: Path) -> list[Path]:
+        """The results.json of every run under ``results_root``."""
+        return sorted(results_root.glob(f"*/{RESULTS_FILE}"))
+
+    @property
+    def run_id(self) -> str:
+        return self.root.name
+
+    def save(self, save_id: str) -> SaveDir:
+        return SaveDir(self.root / "saves" / safe_name(save_id))
+
+    def cell(self, cell_id: str) -> Path:
+        return self.root / "cells" / safe_name(cell_id)
+
+    def stage(self, cell_id: str, stage: str) -> Path:
+        """A stage of the cell's own (its load: ``cells/<cell-id>/load/``); its save is shared."""
+        return self.cell(cell_id) / stage
+
+    def record(self, cell_id: str) -> Path:
+        return self.cell(cell_id) / "record.json"
+
+    def records(self) -> list[Path]:
+        """Every cell's record.json written so far, in cell-directory order."""
+        return sorted(self.root.glob("cells/*/record.json"))
+
+    def pool(self, name: str) -> Path:
+        return self.root / "pools" / name
+
+    @property
+    def results(self) -> Path:
+        return self.root / RESULTS_FILE
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.md"
+
+    @property
+    def grid(self) -> Path:
+        return self.root / "grid.png"

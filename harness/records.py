@@ -3,7 +3,7 @@
 A stage result is built once (from a torchrun by harness/launch/torchrun.py, or from a golden
 checkpoint by harness/run/cell.py), written as ``stage.json``, read back as the same type and
 judged by harness/check/judge.py. A cell record is one entry of results.json
-(schema in docs/ARCHITECTURE.md).
+(schema in docs/records.md).
 """
 from __future__ import annotations
 
@@ -173,6 +173,10 @@ class CellRecord:
     amax_kinds: dict | None = None
     # Tier gpu with NCCL ranks sharing GPUs (a scenario's shared_gpu_nccl): how it ran, in words.
     nccl_mode: str | None = None
+    # Whether a stage of the cell ran past its limit (StageResult.timed_out, noted by
+    # harness/run/cell.py). None: recorded before the field, whose reason then said so
+    # (harness/check/rejudge.py reads both).
+    timed_out: bool | None = None
 
     @property
     def recipe_ref(self) -> str:
@@ -182,7 +186,7 @@ class CellRecord:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        for late in ("recipe", "amax_kinds", "nccl_mode"):  # fields younger than most committed runs
+        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out"):  # fields younger than most committed runs
             if out[late] is None:
                 del out[late]
         return out
@@ -211,9 +215,16 @@ class CellRecord:
         return Verify.from_json(self.verify)
 
 
+# What a per-expert weight-quantizer amax holds after a load, worst first: a zero placeholder
+# (modelopt >= 0.48 registers one for every expert before loading), another value, or the
+# checkpoint's value. ``absent``: no rank's model has the buffer at all. The load ranks count
+# them (harness/rank/compare.py), the judge names them (harness/check/judge.py).
+AMAX_STATES = ("absent", "placeholder-zero", "differs", "restored")
+
+
 @dataclass(frozen=True)
 class Verify:
-    """A load's verify figures (rank 0's measurements, judged: docs/ARCHITECTURE.md), typed where
+    """A load's verify figures (rank 0's measurements, judged: docs/records.md), typed where
     the read side uses them; ``figures`` keeps every figure as recorded."""
 
     figures: dict = field(default_factory=dict)
@@ -240,7 +251,7 @@ class Verify:
 
 @dataclass
 class RunResults:
-    """One results.json (docs/ARCHITECTURE.md), read through ``from_json``; its cells are
+    """One results.json (docs/records.md), read through ``from_json``; its cells are
     CellRecords (a cell lacking a tier takes the run's)."""
 
     run_id: str = "?"
@@ -264,6 +275,15 @@ class RunResults:
     @classmethod
     def of(cls, doc: "RunResults | Mapping[str, Any]") -> "RunResults":
         return doc if isinstance(doc, cls) else cls.from_json(doc)
+
+    def to_json(self) -> dict:
+        """results.json as written (harness/run/results.py collect): ``incomplete`` and
+        ``interrupted_by`` only on a run that was stopped."""
+        doc = {"run_id": self.run_id, "created": self.created, "versions": self.versions,
+               "tier": self.tier, "cells": [c.as_dict() for c in self.cells]}
+        if self.incomplete:
+            doc.update(incomplete=True, interrupted_by=self.interrupted_by)
+        return doc
 
     def version(self, dist: str) -> str | None:
         """The version of ``dist`` (``nvidia-modelopt``, ``megatron-core``, ...) the run recorded."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.run.cells import run_probe
+from harness.run.validation_probes import run_probe
 
 TEARDOWN_LIMIT_S = 5.0
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.scenario.machine import skip_reason
+from harness.machine import skip_reason
 from harness.records import GOOD_OUTCOMES, Outcome
 
 

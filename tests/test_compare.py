@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.check import compare
+from harness.rank import compare
 from harness.check.keys import is_expert_weight_amax
 
 pytestmark = pytest.mark.cpu

@@ -77,7 +77,7 @@ def test_expected_state_of_each_golden(stored):
 
 @pytest.mark.cpu
 def test_prepare_golden_names_the_layout_and_writes_the_reference(tmp_path):
-    from harness.check.compare import load_reference
+    from harness.rank.compare import load_reference
     from harness.run.cell import prepare_golden
 
     stage = prepare_golden(C, tmp_path / "save")

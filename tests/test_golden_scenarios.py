@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.paths import RunDir
 from harness.records import StageCause, StageResult
 from harness.run import cell as runner
 from harness.scenario.goldens import golden_layout
@@ -73,7 +74,7 @@ def _stage(ok=True, verify=None, cause=None):
 ])
 def test_not_restored_judging(tmp_path, monkeypatch, stage, outcome):
     cell = _cells("gpu-golden-witness")[f"gpu-golden-witness[golden={A},load=tp1-etp1-ep1-pp1]"]
-    monkeypatch.setattr(runner, "_launch", lambda spec, d, c: stage)
+    monkeypatch.setattr(runner, "_launch", lambda spec, d, c, run: stage)
     rec = runner.run_cell(cell, tmp_path)
     assert rec.outcome == outcome, rec
-    assert (tmp_path / "saves" / f"golden-{A}" / "reference" / "shards_rank0.pt").is_file()
+    assert (RunDir(tmp_path).save(f"golden-{A}").reference / "shards_rank0.pt").is_file()

@@ -44,10 +44,10 @@ def test_a_signal_tears_down_and_leaves_a_partial_results_file(tmp_path, sig, co
 RACE = """
 import sys, time
 from pathlib import Path
-from harness.run.results import new_run_dir
+from harness.paths import RunDir
 root, start = Path(sys.argv[1]), float(sys.argv[2])
 time.sleep(max(0.0, start - time.time()))  # every process asks at the same moment
-run = new_run_dir(root, "twin")
+run = RunDir.new(root, "twin").root
 (run / "owner").write_text(sys.argv[3])
 print(run.name)
 """

@@ -1,11 +1,11 @@
-"""harness/scenario/machine.py: what code asks of a skip reason or a version problem is typed
+"""harness/machine.py: what code asks of a skip reason or a version problem is typed
 (a kind, a fatal flag), while the text a reader sees stays as it was written."""
 from __future__ import annotations
 
 import pytest
 
-from harness.scenario import machine
-from harness.scenario.machine import SKIP_TEXTS, SkipKind, skip_kind
+from harness import machine
+from harness.machine import SKIP_TEXTS, SkipKind, skip_kind
 
 pytestmark = pytest.mark.cpu
 

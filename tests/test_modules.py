@@ -18,7 +18,7 @@ import pytest
 
 from harness.model.gpt import GOLDEN_SIZE, GPU_SIZE, MODULE_FIELDS, ModelSize
 from harness.paths import GOLDEN_DIR, REPO_ROOT, SCENARIO_DIR
-from harness.scenario import machine
+from harness import machine
 from harness.scenario.scenarios import ScenarioError, load_scenario
 from tests.helpers import bounded
 
@@ -185,7 +185,7 @@ def test_cpu_tier_saves_and_reloads_every_local_spec_module(tmp_path):
     logits intact; the checkpoint holds each module's keys."""
     import torch
 
-    from harness.check.compare import load_reference
+    from harness.rank.compare import load_reference
     from harness.golden.storage import read_metadata
     from harness.run.cells import run_cells
 

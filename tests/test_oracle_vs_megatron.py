@@ -13,7 +13,7 @@ import pytest
 
 from harness.check.versions import rules_for
 from harness.topology.oracle import collisions, shared_collisions
-from harness.run.cells import probe_oracle_world
+from harness.run.validation_probes import probe_oracle_world
 from harness.topology.topology import enumerate_topologies
 
 # megatron-core 0.19.2 and 0.15.3 collect every error ("Invalid sharding pattern validation.

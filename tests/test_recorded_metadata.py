@@ -13,7 +13,7 @@ import pytest
 
 from harness.topology import oracle
 from harness.check.keys import is_expert_weight_amax
-from harness.run.cells import run_probe
+from harness.run.validation_probes import run_probe
 from harness.topology.coords import rank_coords
 from harness.topology.topology import Topology
 from harness.check.versions import behaviour_for

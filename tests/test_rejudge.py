@@ -107,7 +107,7 @@ def test_run_cell_judges_once(tmp_path, monkeypatch):
 
     save, load = _stages(_verify(0.0))
     monkeypatch.setattr(runner, "run_save", lambda c, d: save)
-    monkeypatch.setattr(runner, "_launch", lambda spec, d, c: load)
+    monkeypatch.setattr(runner, "_launch", lambda spec, d, c, run: load)
     calls = []
     real = judge.judge_cell
     monkeypatch.setattr(judge, "judge_cell", lambda *a, **k: calls.append(a) or real(*a, **k))
@@ -120,6 +120,21 @@ def test_rejudge_reads_a_record_back_to_the_same_outcome():
     again = rejudge.rejudge_record(rec, _cell().plan)
     assert again["outcome"] == rec["outcome"] == "unexpected-failure"
     assert again["message"] == rec["message"]
+
+
+def test_a_timed_out_stage_is_read_from_the_record_s_fact_or_an_old_record_s_reason():
+    """The re-judged stage times out where the run noted it did (CellRecord.timed_out); a record
+    from before that field says so only in the judge's reason of then."""
+    cell = _cell()
+    base = dict(scenario=cell.scenario.name, cell_id=cell.id, tier="gpu-shared", backend="te",
+                save_topology=cell.save.id, load_topology=cell.load.id, patch="none",
+                expected="pass", outcome="unexpected-failure", failed_stage="load",
+                exception_type="timeout", modelopt="0.48.0rc1")
+    cases = [({"timed_out": True}, True), ({"timed_out": False, "reason": "timed out, said by hand"}, False),
+             ({"reason": "load stage timed out"}, True), ({}, False)]
+    for extra, want in cases:
+        _, load, _ = rejudge.stages_from_record(CellRecord.from_json({**base, **extra}), cell.plan)
+        assert load.timed_out is want, extra
 
 
 def test_the_summary_shows_the_logits_figures_and_the_finding():

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from harness.rank import shared_gpu
-from harness.scenario import machine
+from harness import machine
 from harness.scenario.scenarios import load_all_with_errors, load_scenario
 
 pytestmark = pytest.mark.cpu

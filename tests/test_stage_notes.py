@@ -45,3 +45,14 @@ def test_older_stage_records_without_epochs_keep_only_the_phases():
     _note_stage(rec, "load", StageResult(stage="load", ok=True, wall_s=3.0,
                                          rank_results={"0": {"durations": {"load": 1.0}}}))
     assert rec.durations == {"load_stage": 3.0, "load.load": 1.0}
+
+
+def test_a_stage_past_its_limit_is_noted_as_a_fact_of_the_cell():
+    """CellRecord.timed_out: what re-judging reads (harness/check/rejudge.py), not the reason."""
+    rec = CellRecord(scenario="s", cell_id="c", tier="cpu", backend="local",
+                     save_topology="tp1-etp1-ep2-pp1", load_topology="tp1-etp1-ep1-pp1", patch="fix",
+                     expected="pass")
+    _note_stage(rec, "save", StageResult(stage="save", ok=True, wall_s=3.0))
+    assert rec.timed_out is False and rec.as_dict()["timed_out"] is False
+    _note_stage(rec, "load", StageResult(stage="load", ok=False, wall_s=300.0, timed_out=True))
+    assert rec.timed_out is True

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import cli
+from harness import commands
 from harness.report import verdict, verdict_text
 from harness.report.jobs import quarantine_path
-from harness.scenario.machine import SKIP_TEXTS, SkipKind, tier_skip_reason
+from harness.machine import SKIP_TEXTS, SkipKind, tier_skip_reason
 from harness.topology.topology import Topology
 
 pytestmark = pytest.mark.cpu
@@ -139,7 +139,7 @@ def _args(**kw) -> SimpleNamespace:
 def test_no_results_and_no_gpu_is_one_line(tmp_path, capsys, gate):
     """Nothing to judge and nothing runnable here: one line saying where evidence comes from, no
     cells run (every one would be skipped), exit 0 for the report and 4 for the gate."""
-    rc = cli.cmd_verdict(_args(results_root=str(tmp_path), gate=gate, job=NANO if gate else None))
+    rc = commands.cmd_verdict(_args(results_root=str(tmp_path), gate=gate, job=NANO if gate else None))
     out = capsys.readouterr().out
     assert rc == (4 if gate else 0)
     _no_evidence_line(out)
@@ -232,7 +232,7 @@ def test_gate_exit_code_per_job_follows_from_the_committed_cells(run, capsys):
     for job_id in (NANO, ULTRA):
         word = _expected_verdict(outcomes, job_id)
         for patched in (False, True):
-            rc = cli.cmd_verdict(_args(results=[str(path)], job=job_id, gate=True, patched=patched))
+            rc = commands.cmd_verdict(_args(results=[str(path)], job=job_id, gate=True, patched=patched))
             out = capsys.readouterr().out
             want = (0 if patched else 3) if word == verdict.SAFE_WITH_PATCH else GATE_EXIT[word]
             assert rc == want, (job_id, patched, word, out)
@@ -260,7 +260,7 @@ def test_gate_unexpected_failure_is_exit_1(tmp_path, capsys):
                                                   failed_stage="verify", message="amax differ")]
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_doc(recs, "0.47.0")))
-    assert cli.cmd_verdict(_args(results=[str(path)], job=NANO, gate=True, patched=True)) == 1
+    assert commands.cmd_verdict(_args(results=[str(path)], job=NANO, gate=True, patched=True)) == 1
     assert f"gate {NANO}: UNEXPECTED FAILURE -> exit 1" in capsys.readouterr().out
 
 

@@ -190,7 +190,7 @@ def test_a_plugin_that_needs_te_is_a_skip_reason_on_cpu(monkeypatch):
     ("0.17.0", True), ("0.20.0", True),
 ])
 def test_supported_megatron_core_range_and_its_override(mcore, problem, monkeypatch):
-    from harness.scenario.machine import MCORE_OVERRIDE, mcore_problem
+    from harness.machine import MCORE_OVERRIDE, mcore_problem
 
     monkeypatch.delenv(MCORE_OVERRIDE, raising=False)
     line = mcore_problem(mcore)

@@ -30,7 +30,7 @@ HOMES = {
 NOT_THE_WORD = {
     ("harness/model/cpu_shims.py", "cpu"): "torch's device name",
     ("harness/rank/setup.py", "cpu"): "torch's device name",
-    ("harness/scenario/machine.py", "gpu"): "the versions record's key for the GPU's name",
+    ("harness/machine.py", "gpu"): "the versions record's key for the GPU's name",
     ("harness/run/repro.py", "gpu"): "the versions record's key for the GPU's name",
     ("harness/report/verdict_text.py", "gpu"): "the versions record's key for the GPU's name",
     ("bench/junit_times.py", "skipped"): "pytest's JUnit element and result word",
@@ -49,7 +49,7 @@ NOT_THE_WORD = {
     ("harness/rank/stages.py", "save", "clock.lap("): "a phase of the stage (`save.save` durations)",
     ("harness/rank/stages.py", "load", "clock.lap("): "a phase of the stage (`load.load` durations)",
     ("harness/rank/stages.py", "verify", "clock.lap("): "a phase of the load (`load.verify`)",
-    ("harness/rank/probes.py", "save"): "a validation probe's name (probe_save)",
+    ("harness/rank/validation_probes.py", "save"): "a validation probe's name (probe_save)",
     ("harness/report/jobs.py", "save"): "a key of scenarios/quarantine.toml's [[jobs]]",
     ("harness/report/jobs.py", "load"): "a key of scenarios/quarantine.toml's [[jobs]]",
     ("harness/cli.py", "dump-metadata"): "a command of `python -m harness`",

@@ -12,7 +12,7 @@ files with torch's own DCP reader rather than the fix's code path):
     calibration stores for an NVFP4 weight quantizer (every amax the committed 0.47.0 goldens
     hold equals it: tests/test_golden_expect.py);
 - the shared amax itself is not a key of a 0.47.0 model, so it is not in the reference.
-The result is written as a save stage's reference (harness/check/compare.py format), so the normal
+The result is written as a save stage's reference (harness/rank/compare.py format), so the normal
 load stage compares every rank's post-``load_state_dict`` state against it.
 """
 from __future__ import annotations

@@ -320,7 +320,7 @@ def _amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
 
 def held_after_load(verify: dict) -> str:
     """One line: what the loaded model holds for the saved per-expert amax, and its effect."""
-    from harness.check.compare import AMAX_STATES
+    from harness.records import AMAX_STATES
 
     st = verify.get("expert_amax_state") or {}
     if not st.get("saved"):

@@ -36,7 +36,7 @@ def stages_from_record(rec: CellRecord, cell: CellPlan) -> tuple[StageResult | N
                            exc_type=rec.exception_type, message=rec.message or "",
                            key=rec.failing_key)
         return stage(name, False, cause=cause, secondaries=list(rec.secondary_errors),
-                     timed_out="timed out" in (rec.reason or ""))
+                     timed_out=timed_out(rec))
 
     if outcome == Outcome.INTERRUPTED:
         named = re.search(r"SIG[A-Z]+", rec.reason or "")
@@ -56,6 +56,15 @@ def stages_from_record(rec: CellRecord, cell: CellPlan) -> tuple[StageResult | N
     if failed == Stage.LOAD:
         return stage(save_name, True), failure(Stage.LOAD), None
     return stage(save_name, True), stage(Stage.LOAD, True, rank_results={"0": {"verify": rec.verify}}), None
+
+
+def timed_out(rec: CellRecord) -> bool:
+    """Whether the record's stage ran past its limit: the fact its run noted
+    (``CellRecord.timed_out``). A record made before that field has it only in the reason the
+    judge wrote then (judge.failed_stage: ``<stage> stage timed out``)."""
+    if rec.timed_out is not None:
+        return rec.timed_out
+    return "timed out" in (rec.reason or "")  # recorded before 2026-12-06
 
 
 def rejudge_record(rec: CellRecord | Mapping, cell: CellPlan | None) -> dict:

@@ -1,7 +1,7 @@
 """Read a results.json and refuse, in one line naming the file, anything that is not one.
 
 Why: ``report`` and ``verdict`` used to print a traceback for an empty or truncated file and
-silently judged ``{}`` as a run with no cells. The schema is docs/ARCHITECTURE.md's; only the
+silently judged ``{}`` as a run with no cells. The schema is docs/records.md's; only the
 keys every reader relies on are checked, so older committed runs stay readable.
 """
 from __future__ import annotations

@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from harness.jsonfile import write_json_atomic
+from harness.paths import RunDir
 from harness.tiers import STAGE_MODES, TIERS, StageMode, facts, on_cuda
 from harness.launch.command import make_stage_dirs, stage_env, start_torchrun
 from harness.launch.signals import shutdown_signal
@@ -236,7 +237,7 @@ class PoolSet:
     def _new_pool(self, key: PoolKey) -> RankPool:
         self.started += 1
         name = f"w{key.world}-{key.tier}-{key.patch}-{self.started}"
-        return RankPool(key, Path(key.root) / "pools" / name)
+        return RankPool(key, RunDir(Path(key.root)).pool(name))
 
     def prestart(self, keys: list[PoolKey]) -> None:
         """Start one pool per entry of ``keys`` now (a key listed twice gets two), idle until a

@@ -5,7 +5,7 @@ from a pattern string of megatron-core's symbols (harness/model/modules.py). It 
 Megatron-LM's ModelOpt flows build it: megatron-core's HybridModel with the stack spec of
 megatron-core's post-training module (post_training/modelopt/hybrid/model_specs.py), here its
 full Transformer Engine variant with TEGroupedMLP experts, the code path of the report. TE only
-(HybridStack imports it) and, with Mamba layers, mamba-ssm: harness/scenario/machine.py skips a
+(HybridStack imports it) and, with Mamba layers, mamba-ssm: harness/machine.py skips a
 hybrid cell where they are missing. Mamba dimensions stay at megatron-core's defaults
 (harness/topology/topology.py ``MAMBA_*``).
 """

@@ -102,7 +102,7 @@ def _hybrid_problems(size, backend: str) -> list[str]:
 
 def packages_needed(size) -> list[tuple[str, str, str]]:
     """(import name, package, why) of each package the model's modules need beyond the stack;
-    harness/scenario/machine.py turns a missing one into the cell's skip reason."""
+    harness/machine.py turns a missing one into the cell's skip reason."""
     if size.kind != "hybrid" or "M" not in split_pattern(size.hybrid_layer_pattern or "")[0]:
         return []
     return [("mamba_ssm", "mamba-ssm", "megatron-core's Mamba layers run its kernels "

@@ -2,7 +2,7 @@
 
 Recordings made on GPUs with the real TE ``TEGroupedMLP`` + ModelOpt code path are committed
 under tests/data/recorded/ and replayed on the cpu tier through megatron-core's real
-validation (harness/rank/probes.py, ``validation_error``), tying the CPU oracle to what the GPU code really emits.
+validation (harness/rank/validation_probes.py, ``validation_error``), tying the CPU oracle to what the GPU code really emits.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def entries(sharded_sd, rank: int) -> list[dict]:
 
 
 def write_recording(path: Path, spec, gathered: list[list[dict]], validation: str | None) -> None:
-    from harness.scenario.machine import versions
+    from harness.machine import versions
 
     import modelopt
 
@@ -59,7 +59,7 @@ def record_stage(spec) -> dict:
     """Stage body: quantize under ``spec.topology`` and record the metadata (no checkpoint)."""
     from harness.model.checkpoint import sharded_metadata
     from harness.model.quant import quantize
-    from harness.rank.probes import validation_error
+    from harness.rank.validation_probes import validation_error
     from harness.rank.setup import Clock, device, prepare_rank
 
     clock = Clock()

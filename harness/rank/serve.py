@@ -83,7 +83,7 @@ def _body(job: dict) -> dict:
 def reset() -> None:
     """Leave no megatron state for the next stage: parallel state destroyed, every subgroup
     torn down (torch keeps them otherwise; many accumulated gloo groups stall group creation,
-    see run/cells.py probe_oracle_world), the model collected, then all ranks in step."""
+    see run/validation_probes.py probe_oracle_world), the model collected, then all ranks in step."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps

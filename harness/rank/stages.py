@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from harness.check import compare
+from harness.rank import compare
 from harness.rank import inject
 from harness.model.checkpoint import (
     load_checkpoint,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from harness.check.results_file import INCOMPLETE_LINE, ResultsFileError, read_results
-from harness.paths import RESULTS_DIR
+from harness.paths import RESULTS_DIR, RunDir
 from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome, Patch, RunResults
 
 Record = CellRecord | Mapping[str, Any]
@@ -307,7 +307,7 @@ def progress_line(done: int, total: int, failures: int, elapsed: float) -> str:
 
 
 def newest_results(root: Path) -> Path | None:
-    found = sorted(root.glob("*/results.json"), key=lambda p: (p.stat().st_mtime, str(p)))
+    found = sorted(RunDir.results_files(root), key=lambda p: (p.stat().st_mtime, str(p)))
     return found[-1] if found else None
 
 
@@ -315,8 +315,9 @@ def write_report(results: Path, summary: Path | None = None, grid: Path | None =
     """Write the summary and grid picture (default names beside ``results``); return the text."""
     doc = read_results(results)
     text = markdown_summary(doc)
-    (summary or results.parent / "summary.md").write_text(text)
-    write_grid_png(doc, str(grid or results.parent / "grid.png"))
+    beside = RunDir(results.parent)
+    (summary or beside.summary).write_text(text)
+    write_grid_png(doc, str(grid or beside.grid))
     return text
 
 
@@ -334,5 +335,5 @@ def main(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(text)
-    print(f"wrote {path.parent / 'summary.md'} and {path.parent / 'grid.png'}", file=sys.stderr)
+    print(f"wrote {RunDir(path.parent).summary} and {RunDir(path.parent).grid}", file=sys.stderr)
     return 0

@@ -36,7 +36,7 @@ from harness.report.summary import cause
 from harness.report.jobs import QUARANTINE, Job, Quarantine, job_cells, load_quarantine  # noqa: F401
 from harness.records import CellRecord, Outcome, RunResults, Stage
 from harness.scenario.cells import Cell, Scenario
-from harness.scenario.machine import skip_kind
+from harness.machine import skip_kind
 from harness.scenario.scenarios import load_all
 
 SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"

@@ -16,7 +16,7 @@ from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.pool import POOLS, PoolKey, stage_mode
 from harness.launch.signals import shutdown_signal
 from harness.launch.torchrun import run_stage
-from harness.paths import GOLDEN_DIR, safe_name
+from harness.paths import GOLDEN_DIR, RunDir, SaveDir
 from harness.rank.spec import StageSpec
 from harness.records import CellRecord, Stage, StageResult
 from harness.run.results import write_record
@@ -24,11 +24,11 @@ from harness.scenario.cells import Cell
 from harness.tiers import StageMode, facts
 
 
-def _spec(cell: Cell, stage: str, topo, save_dir: Path) -> StageSpec:
+def _spec(cell: Cell, stage: str, topo, save: SaveDir) -> StageSpec:
     s = cell.scenario
     return StageSpec(
         stage=stage, topology=topo.id, tier=s.tier, backend=s.backend,
-        ckpt_dir=str(save_dir / "ckpt"), reference_dir=str(save_dir / "reference"),
+        ckpt_dir=str(save.ckpt), reference_dir=str(save.reference),
         patch=s.patch, recipe=s.recipe, size=s.size.as_dict(),
         singleton_local_shards=s.singleton_local_shards, strict_load=s.strict_load,
         logits_reference=s.logits_reference,
@@ -38,30 +38,26 @@ def _spec(cell: Cell, stage: str, topo, save_dir: Path) -> StageSpec:
 _save_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
 
 
-def save_dir_of(cell: Cell, run_dir: Path) -> Path:
-    return run_dir / "saves" / safe_name(cell.save_id)
-
-
-def run_save(cell: Cell, run_dir: Path) -> StageResult:
+def run_save(cell: Cell, run_dir: RunDir | Path) -> StageResult:
     """The save stage for ``cell.save_id``; reused when an earlier cell already ran it.
 
     Golden cells have no save-only cell to run first, so concurrent loads of one golden
     serialize here on its preparation.
     """
-    save_dir = save_dir_of(cell, run_dir)
-    with _save_locks[str(save_dir)]:
-        done = save_dir / "stage.json"
-        if done.exists():
-            return StageResult.from_json(read_json(done))
+    run = RunDir.of(run_dir)
+    save = run.save(cell.save_id)
+    with _save_locks[str(save.root)]:
+        if save.result.exists():
+            return StageResult.from_json(read_json(save.result))
         if cell.golden:
-            result = prepare_golden(cell.golden, save_dir, cell.scenario.golden_root)
+            result = prepare_golden(cell.golden, save, cell.scenario.golden_root)
         else:
-            result = _launch(_spec(cell, Stage.SAVE, cell.save, save_dir), save_dir, cell)
-        write_json_atomic(done, result.to_json(), indent=2)
+            result = _launch(_spec(cell, Stage.SAVE, cell.save, save), save.root, cell, run)
+        write_json_atomic(save.result, result.to_json(), indent=2)
         return result
 
 
-def prepare_golden(name: str, save_dir: Path, golden_root: Path = GOLDEN_DIR) -> StageResult:
+def prepare_golden(name: str, save: SaveDir | Path, golden_root: Path = GOLDEN_DIR) -> StageResult:
     """Stand-in for a save stage: a verified copy of the golden and its expected state.
 
     The copy (harness.golden.manifest.copy_to_temp) keeps the committed bytes out of every
@@ -76,13 +72,14 @@ def prepare_golden(name: str, save_dir: Path, golden_root: Path = GOLDEN_DIR) ->
     from harness.scenario.goldens import golden_topology
 
     start = time.monotonic()
-    save_dir.mkdir(parents=True, exist_ok=True)
-    copy = copy_to_temp(golden_root / name, into=save_dir)
-    shutil.move(str(copy / "ckpt"), str(save_dir / "ckpt"))
+    save = save if isinstance(save, SaveDir) else SaveDir(Path(save))
+    save.root.mkdir(parents=True, exist_ok=True)
+    copy = copy_to_temp(golden_root / name, into=save.root)
+    shutil.move(str(copy / "ckpt"), str(save.ckpt))
     shutil.rmtree(copy.parent)
-    layout = inspect_checkpoint(save_dir / "ckpt")
-    exp = expected_state(read_checkpoint_tensors(save_dir / "ckpt"), _runtime_layout())
-    write_reference(exp, save_dir / "reference", golden_topology(name, golden_root).id)
+    layout = inspect_checkpoint(save.ckpt)
+    exp = expected_state(read_checkpoint_tensors(save.ckpt), _runtime_layout())
+    write_reference(exp, save.reference, golden_topology(name, golden_root).id)
     summary = (f"golden {name}: layout {layout.kind}, "
                f"{sum(len(v) for v in layout.missing.values())} expert amax missing; "
                f"expected state {exp.summary()}")
@@ -96,18 +93,16 @@ def _runtime_layout() -> str:
     return judge.rules_for(installed_modelopt()).layout  # the installed pair's
 
 
-def _launch(spec: StageSpec, stage_dir: Path, cell: Cell) -> StageResult:
+def _launch(spec: StageSpec, stage_dir: Path, cell: Cell, run: RunDir) -> StageResult:
     """THE place a stage starts: a fresh torchrun, or a warm rank pool (HARNESS_STAGE_MODE)."""
     spec_path = spec.write(stage_dir / "spec.json")
     timeout_s, env = cell.scenario.stage_timeout_s, _tier_env(spec.tier, cell.scenario.shared_gpu_nccl)
-    if stage_mode(spec.tier) == StageMode.POOL:
-        # pools live in the run directory: every stage's checkpoint is <run>/saves/<id>/ckpt
-        run_dir = Path(spec.ckpt_dir).parents[2]
-        key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run_dir, env)
+    if stage_mode(spec.tier) == StageMode.POOL:  # pools live in the run directory
+        key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run.root, env)
         return POOLS.run(key, spec_path, spec.stage, stage_dir, timeout_s).result()
-    run = run_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
-                    timeout_s=timeout_s, env=env, grace_s=facts(spec.tier).teardown_grace_s)
-    return run.result()
+    fresh = run_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
+                      timeout_s=timeout_s, env=env, grace_s=facts(spec.tier).teardown_grace_s)
+    return fresh.result()
 
 
 def _tier_env(tier: str, shared_gpu_nccl: bool = False) -> dict:
@@ -129,43 +124,47 @@ def new_record(cell: Cell) -> CellRecord:
         scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
         save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
         patch=s.patch, expected="", modelopt=installed_modelopt(), stage_mode=stage_mode(s.tier),
-        recipe=s.recipe,
+        recipe=s.recipe, timed_out=False,
     )
     if s.shared_gpu_nccl:  # said in the record and the report, never a silent stand-in
         from harness.rank.shared_gpu import describe
-        from harness.scenario.machine import gpu_count
+        from harness.machine import gpu_count
 
         rec.nccl_mode = describe(cell.world, gpu_count())
     judge.under_version(rec, cell.plan, None)
     return rec
 
 
-def run_cell(cell: Cell, run_dir: Path) -> CellRecord:
+def run_cell(cell: Cell, run_dir: RunDir | Path) -> CellRecord:
     """Run what the cell needs (nothing when stopped or when the installed modelopt cannot run
     it), note the stages' durations, then judge it once (harness/check/judge.py judge_cell)."""
+    run = RunDir.of(run_dir)
     rec = new_record(cell)
     save = load = None
     stopped = shutdown_signal()
     if not stopped and not judge.version_skip_reason(cell.plan, judge.rules_for(rec.modelopt, rec.mcore),
                                                   rec.modelopt, rec.mcore):
-        save = run_save(cell, run_dir)
+        save = run_save(cell, run)
         _note_stage(rec, Stage.SAVE, save)
         if cell.load is not None and save.ok and not save.interrupted:
-            load_dir = run_dir / "cells" / safe_name(cell.id) / Stage.LOAD
-            load = _launch(_spec(cell, Stage.LOAD, cell.load, save_dir_of(cell, run_dir)), load_dir, cell)
+            spec = _spec(cell, Stage.LOAD, cell.load, run.save(cell.save_id))
+            load = _launch(spec, run.stage(cell.id, Stage.LOAD), cell, run)
             _note_stage(rec, Stage.LOAD, load)
     judge.judge_cell(rec, cell.plan, save, load, stopped)
-    return _finish(rec, cell, run_dir)
+    write_record(rec, run.record(cell.id))
+    return rec
 
 
 def _note_stage(rec: CellRecord, which: str, stage: StageResult) -> None:
-    """The stage's durations (rank 0's phases) and peak memory (largest rank, sum of ranks).
+    """The stage's durations (rank 0's phases), peak memory (largest rank, sum of ranks) and
+    whether it ran past its limit.
 
     Rank 0's phases are framed by ``start`` (the stage started -> its clock started: torchrun's
     agent, the interpreter, importing torch and the harness; in a warm pool, taking the job)
     and ``exit`` (its result written -> every rank and torchrun gone: destroying the process
     group, leaving; in a pool, the reset), so that the phases add up to the stage wall."""
     rec.durations[f"{which}_stage"] = stage.wall_s
+    rec.timed_out = bool(rec.timed_out or stage.timed_out)
     r0 = stage.rank0
     clock, written = r0.get("clock_started_at"), r0.get("result_written_at")
     if stage.started_at is not None and clock is not None:
@@ -179,8 +178,3 @@ def _note_stage(rec: CellRecord, which: str, stage: StageResult) -> None:
         for key in sorted({k for p in peaks for k in p}):
             values = [p[key] for p in peaks if key in p]
             rec.memory[which].update({f"{key}_max": max(values), f"{key}_sum": round(sum(values), 1)})
-
-
-def _finish(rec: CellRecord, cell: Cell, run_dir: Path) -> CellRecord:
-    write_record(rec, run_dir / "cells" / safe_name(cell.id) / "record.json")
-    return rec

@@ -8,13 +8,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.scenario.machine import skip_reason, tier_skip_reason, versions
+from harness.machine import skip_reason, tier_skip_reason, versions
 from harness.launch.pool import POOLS, stage_mode
 from harness.launch.signals import shutdown_signal
-from harness.paths import safe_name
+from harness.paths import RunDir
 from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome, Stage
 from harness.run.cell import new_record, run_cell
-from harness.run.results import collect, new_run_dir, write_record
+from harness.run.results import collect, write_record
 from harness.tiers import StageMode
 
 
@@ -55,7 +55,7 @@ def _phase_order(cells: list, stage: str) -> list:
     return sorted(cells, key=key)
 
 
-def prestart_save_pools(cells, run_dir: Path) -> int:
+def prestart_save_pools(cells, run: RunDir) -> int:
     """Pool mode: start now the warm pool each save stage of ``cells`` will take (one per save
     stage; golden cells have none), so their start and imports overlap what the controller
     does before run_cells (make repro: its GPU checks). Returns how many were started."""
@@ -63,7 +63,7 @@ def prestart_save_pools(cells, run_dir: Path) -> int:
     from harness.run.cell import _tier_env  # the rank environment _launch keys a pool by
 
     keys = [PoolKey.of(c.save.world_size, c.scenario.tier, c.scenario.patch, c.scenario.backend,
-                       run_dir, _tier_env(c.scenario.tier, c.scenario.shared_gpu_nccl))
+                       run.root, _tier_env(c.scenario.tier, c.scenario.shared_gpu_nccl))
             for c in cells
             if c.load is None and not c.golden and stage_mode(c.scenario.tier) == StageMode.POOL]
     POOLS.prestart(keys)
@@ -71,16 +71,16 @@ def prestart_save_pools(cells, run_dir: Path) -> int:
 
 
 def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdout,
-              run_dir: Path | None = None) -> dict:
+              run_dir: RunDir | None = None) -> dict:
     """Run cells (skipping those this machine cannot run); print progress, then the table.
 
     Saves run first, then every load, each phase ``jobs`` cells at a time: a load needs its
     save's checkpoint, and cells sharing a save must not race to create it. ``run_dir``: one
-    made already (new_run_dir), e.g. for pools started ahead (prestart_save_pools).
+    made already (RunDir.new), e.g. for pools started ahead (prestart_save_pools).
     """
     from harness.report.summary import markdown_summary, progress_line
 
-    run_dir = run_dir or new_run_dir(results_root, label)
+    run = run_dir or RunDir.new(results_root, label)
     start, lock, state = time.monotonic(), threading.Lock(), {"done": 0, "failures": 0}
 
     def one(cell) -> None:
@@ -88,9 +88,9 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
                              cell.scenario.shared_gpu_nccl)
         if reason:
             rec = _skipped(cell, reason)
-            write_record(rec, run_dir / "cells" / safe_name(cell.id) / "record.json")
+            write_record(rec, run.record(cell.id))
         else:
-            rec = run_cell(cell, run_dir)
+            rec = run_cell(cell, run)
         with lock:
             state["done"] += 1
             state["failures"] += rec.outcome in UNEXPECTED_OUTCOMES
@@ -104,9 +104,9 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdo
             list(pool.map(one, _phase_order([c for c in cells if c.load is not None], Stage.LOAD)))
     finally:
         POOLS.close_all()  # warm rank pools (HARNESS_STAGE_MODE=pool) never outlive a run
-    doc = collect(run_dir, versions(), interrupted=shutdown_signal())
+    doc = collect(run, versions(), interrupted=shutdown_signal())
     print(markdown_summary(doc), file=out)
-    print(f"results: {run_dir / 'results.json'}", file=out)
+    print(f"results: {run.results}", file=out)
     return doc
 
 
@@ -127,43 +127,10 @@ def dump_metadata(topo, tier: str, backend: str, patch: str, out: Path, results_
     if reason:
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    stage_dir = new_run_dir(results_root, f"dump-{topo.id}-{patch}")
+    stage_dir = RunDir.new(results_root, f"dump-{topo.id}-{patch}").root
     spec = StageSpec(Stage.DUMP_METADATA, topo.id, tier, backend, "", "", patch=patch,
                      size=size.as_dict(), output=str(out.resolve()))
     run = run_stage(Stage.DUMP_METADATA, stage_dir, topo.world_size,
                     [str(spec.write(stage_dir / "spec.json"))], timeout_s=300)
     print(run.summary())
     return 0 if run.ok else 1
-
-
-def run_probe(probe: dict, nproc: int, stage_dir: Path, timeout_s: float = 240):
-    """Start ``harness.rank.probes`` on ``nproc`` gloo ranks; returns the launcher's StageRun."""
-    import json
-
-    from harness.launch.torchrun import run_stage
-
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    spec = stage_dir / "probe.json"
-    spec.write_text(json.dumps(probe))
-    return run_stage(f"probe-{probe['probe']}", stage_dir, nproc, [str(spec)],
-                     timeout_s=timeout_s, rank_module="harness.rank.probes")
-
-
-def probe_oracle_world(topologies, world: int, num_experts: int, stage_dir: Path,
-                       chunk: int = 16) -> dict:
-    """Real megatron-core validation of the per-expert amax rule for topologies of one world.
-
-    Every topology builds all of megatron's process groups anew and torch keeps the old ones
-    alive, so one torchrun handles at most ``chunk`` topologies (seen: 49 topologies on 6 gloo
-    ranks stalled in group creation).
-    """
-    results: dict = {}
-    for n in range(0, len(topologies), chunk):
-        part = topologies[n:n + chunk]
-        run = run_probe({"probe": "oracle", "topologies": [t.id for t in part],
-                         "num_experts": num_experts}, world, stage_dir / f"chunk{n // chunk}",
-                        timeout_s=120 + 10 * len(part))
-        if not run.ok:
-            raise RuntimeError(f"oracle probe on {world} ranks failed: {run.summary()}")
-        results.update(run.rank_results[0]["results"])
-    return results

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.launch import bounded
-from harness.paths import REPO_ROOT
+from harness.paths import REPO_ROOT, RESULTS_DIR, RunDir
 from harness.records import UNEXPECTED_OUTCOMES, Outcome, RunResults
 from harness.report.matrix_table import (COLUMNS, TableEntry, cells_from_results, first_problem,
                                          goldens_table, render_pair_table, render_table)
@@ -79,7 +79,7 @@ def mcores_from(args) -> list[str]:
     """``--mcore`` values in order, a series (0.15.x) resolved to its newest tested patch;
     ValueError (one line) for a value that is not a release or a tested series."""
     from harness.check.versions import DEFAULT_MCORE_MATRIX
-    from harness.scenario.machine import SUPPORTED_MCORE
+    from harness.machine import SUPPORTED_MCORE
 
     out = []
     for v in getattr(args, "mcore", None) or DEFAULT_MCORE_MATRIX:
@@ -159,14 +159,14 @@ def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str,
         cells["import"] = TableEntry({"fail": 1}, [Tier.CPU], why)
         return cells, []  # nothing else can run in this env
     cells["import"] = imported(_last_line(out))
-    cmd = [py, "-m", "harness", "--results-root", str(logs / "results"), "run", "--label",
+    cmd = [py, "-m", "harness", "--results-root", str(logs / RESULTS_DIR), "run", "--label",
            f"matrix-{logs.name}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
     for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in cell_set()):
         cmd += ["--scenario", s]
     for c in cell_set():
         cmd += ["--cells", c]
     rc, out = _run(cmd, TIMEOUTS["run"], logs / "run.log")
-    found = sorted((logs / "results").glob("*/results.json"))
+    found = RunDir.results_files(logs / RESULTS_DIR)
     records: list[dict] = []
     if found:
         records = json.loads(found[-1].read_text()).get("cells", [])
@@ -184,7 +184,10 @@ def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str,
     return cells, records
 
 
-PAIR_RESULTS = "*/results/*/results.json"  # <run>/<pair>/results/<run id>/results.json
+def pair_results(root: Path) -> list[tuple[Path, Path]]:
+    """(pair directory, results.json) of every run under a matrix run ``root``: each pair's
+    runs are <root>/<pair>/results/<run id>/, beside the pair's logs (import.log, run.log)."""
+    return [(pair, f) for pair in sorted(root.glob("*/")) for f in RunDir.results_files(pair / RESULTS_DIR)]
 
 
 def rows_of_cut_off_run(root: Path) -> dict[str, tuple[dict[str, TableEntry], list[dict]]]:
@@ -194,11 +197,11 @@ def rows_of_cut_off_run(root: Path) -> dict[str, tuple[dict[str, TableEntry], li
     from harness.report.equivalence import rejudged_doc
 
     done = {}
-    for found in sorted(root.glob(PAIR_RESULTS)):
+    for pair, found in pair_results(root):
         doc = rejudged_doc(json.loads(found.read_text()))
         run = RunResults.of(doc)
         label = pair_label(run.version("nvidia-modelopt") or "?", run.version("megatron-core"))
-        imp = found.parents[2] / "import.log"
+        imp = pair / "import.log"
         note = _last_line(imp.read_text(errors="replace")) if imp.exists() else ""
         cells = {"import": imported(note), **cells_from_results(doc)}
         cells["oracle"] = TableEntry(note=PAIRS_ORACLE_NOTE)
@@ -212,7 +215,7 @@ def from_files(dirs: list[str]) -> dict[str, tuple[dict[str, TableEntry], list[d
     done: dict = {}
     for d in dirs:
         path = Path(d) / "matrix.json" if Path(d).is_dir() else Path(d)
-        if Path(d).is_dir() and not path.exists() and list(Path(d).glob(PAIR_RESULTS)):
+        if Path(d).is_dir() and not path.exists() and pair_results(Path(d)):
             done.update(rows_of_cut_off_run(Path(d)))
             continue
         try:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from harness.paths import RunDir
 from harness.run.results import exit_code
 from harness.scenario import selections
-from harness.scenario.machine import tier_skip_reason, versions
+from harness.machine import tier_skip_reason, versions
 from harness.tiers import Tier
 from harness.topology.topology import Topology
 
@@ -39,7 +40,7 @@ def _show_map() -> None:
 
 def _show_real_validation(run_dir: Path) -> bool:
     from harness.topology.oracle import predicts_failure
-    from harness.run.cells import probe_oracle_world
+    from harness.run.validation_probes import probe_oracle_world
 
     topos = [Topology.parse(t) for t in VALIDATION_SHOWCASE]
     print("\n== megatron-core validate_sharding_integrity, real, on 2 gloo ranks "
@@ -80,19 +81,18 @@ def _looks_like_gpu_host() -> bool:
         any(Path("/dev").glob("nvidia[0-9]*")) or (gpus.is_dir() and any(gpus.iterdir())))
 
 
-def _start_save_pools_early(cells, results_root: Path) -> Path | None:
+def _start_save_pools_early(cells, results_root: Path) -> RunDir | None:
     """Warm pools only: the GPU run's save pools, started before the controller imports torch
     and TE for its own checks (about 11 s on the H200 host, issue 23), so those checks overlap
     the ranks' start and imports instead of preceding them. Returns the run directory."""
     from harness.run.cells import prestart_save_pools
-    from harness.run.results import new_run_dir
 
-    run_dir = new_run_dir(results_root, "repro-gpu")
-    started = prestart_save_pools(cells, run_dir)
+    run = RunDir.new(results_root, "repro-gpu")
+    started = prestart_save_pools(cells, run)
     if started:
         print(f"== {started} save-stage pools started ahead of the checks (warm rank pools)")
-        return run_dir
-    run_dir.rmdir()
+        return run
+    run.root.rmdir()
     return None
 
 
@@ -116,15 +116,15 @@ def _keep_rank_env(before: dict[str, str]) -> None:
               f"{', '.join(changed)})")
 
 
-def _drop_early_run(run_dir: Path | None) -> None:
+def _drop_early_run(run: RunDir | None) -> None:
     """Not a GPU run after all: close the pools started early and remove their run directory."""
     import shutil
 
     from harness.launch.pool import POOLS
 
-    if run_dir is not None:
+    if run is not None:
         POOLS.close_all()
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(run.root, ignore_errors=True)
 
 
 def repro(results_root: Path, gpu: str = "auto") -> int:
@@ -155,9 +155,7 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
         print("   GPU tiers (gpu-shared, gpu) need a CUDA GPU + Transformer Engine; "
               "run `make repro` on a GPU host or in the docker image for the TEGroupedMLP path.")
         _show_map()
-        from harness.run.results import new_run_dir
-
-        ok = _show_real_validation(new_run_dir(results_root, "repro-probe"))
+        ok = _show_real_validation(RunDir.new(results_root, "repro-probe").root)
         print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
         doc = run_cells(select_cells(scenarios, CPU_REPRO_CELLS),
                         results_root, "repro-cpu", jobs=1)
@@ -176,10 +174,10 @@ def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
     from harness.records import Outcome, RunResults
     from harness.report.summary import write_report
 
-    run_dir = results_root / doc["run_id"]
+    run = RunDir(results_root / doc["run_id"])
     try:
-        write_report(run_dir / "results.json")
-        picture = f"{run_dir / 'grid.png'} (report: {run_dir / 'summary.md'})"
+        write_report(run.results)
+        picture = f"{run.grid} (report: {run.summary})"
     except Exception as exc:  # noqa: BLE001  (the picture must not hide the evidence)
         picture = f"not written ({type(exc).__name__}: {exc})"
     bugs = [c for c in RunResults.of(doc).cells if c.outcome == Outcome.BUG_REPRODUCED]

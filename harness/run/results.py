@@ -7,45 +7,27 @@ import time
 from pathlib import Path
 
 from harness.jsonfile import write_json_atomic
-from harness.paths import RESULTS_DIR
-from harness.records import UNEXPECTED_OUTCOMES, CellRecord
+from harness.paths import RunDir
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord, RunResults
 
 
 def write_record(record: CellRecord, path: Path) -> None:
     write_json_atomic(path, record.as_dict(), indent=2)
 
 
-def collect(run_dir: Path, versions: dict, tier: str | None = None,
+def collect(run_dir: RunDir | Path, versions: dict, tier: str | None = None,
             interrupted: str | None = None) -> dict:
     """Aggregate every cell's record.json under ``run_dir`` into results.json; a run stopped by
-    ``interrupted`` (a signal name) is marked incomplete."""
-    cells = [json.loads(p.read_text()) for p in sorted(run_dir.glob("cells/*/record.json"))]
-    doc = {
-        "run_id": run_dir.name,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": versions,
-        "tier": tier or ",".join(sorted({c["tier"] for c in cells})),
-        "cells": cells,
-    }
-    if interrupted:
-        doc.update(incomplete=True, interrupted_by=interrupted)
-    write_json_atomic(run_dir / "results.json", doc, indent=2)
+    ``interrupted`` (a signal name) is marked incomplete. Returns the document written."""
+    run = RunDir.of(run_dir)
+    cells = [CellRecord.from_json(json.loads(p.read_text())) for p in run.records()]
+    results = RunResults(
+        run_id=run.run_id, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        versions=versions, tier=tier or ",".join(sorted({c.tier for c in cells})), cells=cells,
+        incomplete=bool(interrupted), interrupted_by=interrupted)
+    doc = results.to_json()
+    write_json_atomic(run.results, doc, indent=2)
     return doc
-
-
-def new_run_dir(root: Path = RESULTS_DIR, label: str = "run") -> Path:
-    """A fresh directory no other run in this checkout can get: runs started in the same second
-    (or by two processes at once) get ``-2``, ``-3``, ... (mkdir is atomic)."""
-    root.mkdir(parents=True, exist_ok=True)
-    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{label}"
-    for n in range(1, 10_000):
-        run = root / (stem if n == 1 else f"{stem}-{n}")
-        try:
-            run.mkdir()
-            return run
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"{root}: no free run directory for {stem}")
 
 
 def exit_code(doc: dict) -> int:

@@ -12,7 +12,8 @@ teardown, on CPU).
 ``replay``: rebuild ShardedTensors from metadata recorded on GPUs (real TE + ModelOpt runs,
 tests/data/recorded/*.json) and run the same real validation on this rank's recorded entries.
 
-Run as ``torchrun ... -m harness.rank.probes <probe-spec.json>`` under the rank guard.
+Run as ``torchrun ... -m harness.rank.validation_probes <probe-spec.json>`` under the rank guard
+(started by harness/run/validation_probes.py).
 """
 from __future__ import annotations
 

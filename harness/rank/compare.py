@@ -6,6 +6,9 @@ records and checks each of ITS ShardedTensors -- taken from the model after ``lo
 the normal resume path -- bit for bit against the matching global slice. Weights, per-expert
 quantizer amax and every other tensor are covered by the same rule; keys the saved model had and
 no load rank has (e.g. an expert amax dropped after load) are reported as missing.
+
+Rank side: the save and load stages (harness/rank/stages.py) capture and compare here; the
+controller judges the figures (harness/check/judge.py).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from pathlib import Path
 import torch
 
 from harness.check.keys import is_expert_weight_amax
+from harness.records import AMAX_STATES
 
 
 def _sharded_tensors(sharded_sd):
@@ -104,12 +108,6 @@ class Comparison:
             "mismatch_count": len(self.mismatches),
             "unexpected_keys": self.unexpected_keys[:20],
         }
-
-
-# What a per-expert weight-quantizer amax holds after a load, worst first: a zero placeholder
-# (modelopt >= 0.48 registers one for every expert before loading), another value, or the
-# checkpoint's value. ``absent``: no rank's model has the buffer at all.
-AMAX_STATES = ("absent", "placeholder-zero", "differs", "restored")
 
 
 def _amax_state(got: torch.Tensor, want: torch.Tensor) -> str:
