@@ -219,7 +219,10 @@ class CellRecord:
 # (modelopt >= 0.48 registers one for every expert before loading), another value, or the
 # checkpoint's value. ``absent``: no rank's model has the buffer at all. The load ranks count
 # them (harness/rank/compare.py), the judge names them (harness/check/judge.py).
-AMAX_STATES = ("absent", "placeholder-zero", "differs", "restored")
+# ``non-finite``: inf or nan where the checkpoint has a number; ``another-expert``: exactly the
+# value the checkpoint holds for another expert of the same layer and linear (issue 38 item 6:
+# a load that raises nothing, e.g. strictness log_all, must still name these).
+AMAX_STATES = ("absent", "placeholder-zero", "non-finite", "another-expert", "differs", "restored")
 
 
 @dataclass(frozen=True)

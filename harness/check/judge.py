@@ -249,11 +249,19 @@ def judged_verify(verify: dict, tier: str) -> dict:
     return {**measured, **judge_logits(measured, tier)}
 
 
+# A loaded expert amax that is wrong in a way with a name (harness/records.py AMAX_STATES): said
+# even when the load raised nothing (issue 38 item 6: strictness log_all only logs a missing key).
+NAMED_AMAX_STATES = ("placeholder-zero", "non-finite", "another-expert")
+
+
 def verify_problems(verify: dict, known_gaps) -> list[str]:
     problems = []
     if verify.get("mismatch_count"):
         first = verify["mismatches"][0]
         problems.append(f"{verify['mismatch_count']} tensor(s) differ, first {first['key']}")
+    st = verify.get("expert_amax_state") or {}
+    problems += [f"{st[s]} expert amax {s} after load, first {st['examples'][s][0]}"
+                 for s in NAMED_AMAX_STATES if st.get(s) and st.get("examples", {}).get(s)]
     missing = [k for k in verify.get("missing_keys", [])
                if not any(g.matches(k) for g in known_gaps)]
     if missing:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from harness.check.keys import is_expert_weight_amax
+from harness.check.keys import PER_EXPERT_WEIGHT_AMAX, is_expert_weight_amax
 from harness.records import AMAX_STATES
 
 
@@ -110,12 +110,28 @@ class Comparison:
         }
 
 
-def _amax_state(got: torch.Tensor, want: torch.Tensor) -> str:
+def _amax_state(got: torch.Tensor, want: torch.Tensor, siblings=()) -> str:
+    """The AMAX_STATES entry of one loaded expert amax; ``siblings``: the checkpoint's values for
+    the other experts of its layer and linear, at the same slice."""
     if got.shape == want.shape and torch.equal(got, want):
         return "restored"
     if not got.any() and want.any():
         return "placeholder-zero"
+    if not torch.isfinite(got).all() and torch.isfinite(want).all():
+        return "non-finite"
+    if any(s.shape == got.shape and torch.equal(got, s) for s in siblings):
+        return "another-expert"
     return "differs"
+
+
+def _siblings(key: str, reference: dict[str, torch.Tensor]) -> list[str]:
+    """The other experts' amax keys of ``key``'s layer and linear (per-expert layout only)."""
+    m = PER_EXPERT_WEIGHT_AMAX.match(key)
+    if not m:
+        return []
+    head, tail = key[:m.start("expert")], key[m.end("expert"):]
+    return [k for k in reference if k.startswith(head) and k.endswith(tail) and k != key
+            and k[len(head):len(k) - len(tail)].isdigit()]
 
 
 def compare(sharded_sd, reference: dict[str, torch.Tensor]) -> Comparison:
@@ -130,7 +146,9 @@ def compare(sharded_sd, reference: dict[str, torch.Tensor]) -> Comparison:
         out.keys_compared += 1
         if is_expert_weight_amax(sh.key):
             out.expert_amax_compared += 1
-            state = _amax_state(got, want)
+            state = _amax_state(got, want, [reference[k][_slices(sh)]
+                                             for k in _siblings(sh.key, reference)
+                                             if reference[k].shape == ref.shape])
             prev = out.expert_amax.get(sh.key, "restored")
             out.expert_amax[sh.key] = min(state, prev, key=AMAX_STATES.index)
         if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):

@@ -140,8 +140,11 @@ def load_stage(spec: StageSpec) -> dict:
     inject.point("before_load")
     with warnings.catch_warnings(record=True) as caught:
         warnings.filterwarnings("always", message="moe-ckpt-fix")
-        result = load_checkpoint(model, ckpt, metadata, spec.strict_load, spec.validate_sharding)
+        load_notes: list[str] = []
+        result = load_checkpoint(model, ckpt, metadata, spec.strict_load, spec.validate_sharding,
+                                 spec.dist_ckpt_strictness, spec.megatron_lm_load, load_notes)
     notices = [str(w.message) for w in caught if str(w.message).startswith("moe-ckpt-fix")]
+    notices += load_notes  # what the jobs' load path only logs (harness/model/checkpoint.py)
     for text in notices:  # still in this rank's log
         print(f"warning: {text}", flush=True)
     clock.lap("load")

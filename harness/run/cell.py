@@ -31,6 +31,7 @@ def _spec(cell: Cell, stage: str, topo, save: SaveDir) -> StageSpec:
         ckpt_dir=str(save.ckpt), reference_dir=str(save.reference),
         patch=s.patch, recipe=s.recipe, size=s.size.as_dict(),
         singleton_local_shards=s.singleton_local_shards, strict_load=s.strict_load,
+        dist_ckpt_strictness=s.dist_ckpt_strictness, megatron_lm_load=s.megatron_lm_load,
         logits_reference=s.logits_reference,
     )
 

@@ -34,6 +34,11 @@ class Scenario:
     pairs: tuple[tuple[Topology, Topology], ...] = ()
     singleton_local_shards: bool = True
     strict_load: bool = True
+    # megatron-core's StrictHandling for dist_checkpointing.load (Megatron-LM's
+    # --dist-ckpt-strictness; the Nano QAD example reloads with log_all)
+    dist_ckpt_strictness: str = "assume_ok_unexpected"
+    # model.load_state_dict as Megatron-LM's load_checkpoint: strict, then non-strict on error
+    megatron_lm_load: bool = False
     logits_reference: str = "save-topology"
     known_gaps: tuple[KnownGap, ...] = ()  # the file's own; the judge adds the backend's (check/gaps.py)
     stage_timeout_s: float = 300.0

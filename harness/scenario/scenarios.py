@@ -121,6 +121,7 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
     saved = [(f"saves[{i}]", t) for i, t in enumerate(topos["saves"])]
     saved += [(f"pairs[{i}][0]", p[0]) for i, p in enumerate(pairs)]
     problems += _recipe_problems(doc.recipe, doc.tier, saved)
+    problems += strictness_problems(doc.dist_ckpt_strictness)
     if doc.shared_gpu_nccl and doc.tier != Tier.GPU:
         problems.append(f"shared_gpu_nccl: true needs tier 'gpu' (NCCL ranks); tier {doc.tier!r} "
                         "runs gloo ranks, which share GPUs already")
@@ -134,6 +135,17 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
     if problems:
         raise _Problems("; ".join(problems))
     return size, topos
+
+
+def strictness_problems(value: str) -> list[str]:
+    """``dist_ckpt_strictness`` is one of the installed megatron-core's StrictHandling values."""
+    from harness.model.checkpoint import strictness_values
+
+    known = strictness_values()
+    if value in known:
+        return []
+    return [f"dist_ckpt_strictness: {value!r} is not one of megatron-core's StrictHandling values "
+            f"({', '.join(known)})"]
 
 
 def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]]) -> list[str]:
@@ -202,6 +214,8 @@ def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:
         pairs=topos["pairs"],
         singleton_local_shards=doc.singleton_local_shards,
         strict_load=doc.strict_load,
+        dist_ckpt_strictness=doc.dist_ckpt_strictness,
+        megatron_lm_load=doc.megatron_lm_load,
         logits_reference=doc.logits_reference,
         known_gaps=tuple(KnownGap(g.pattern, g.reason) for g in doc.known_gaps),
         stage_timeout_s=float(doc.stage_timeout_s),

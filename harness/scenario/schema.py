@@ -91,6 +91,9 @@ class _ScenarioSchema(_Schema):
     goldens: list[Name] = []
     singleton_local_shards: bool = True
     strict_load: bool = True
+    # how the load reads the checkpoint, as the jobs do (harness/model/checkpoint.py)
+    dist_ckpt_strictness: Text = "assume_ok_unexpected"
+    megatron_lm_load: bool = False
     logits_reference: Literal[LOGITS_REFERENCES] = "save-topology"
     known_gaps: list[_KnownGapSchema] = []
     stage_timeout_s: Annotated[float, Field(gt=0)] = 300.0
