@@ -223,6 +223,8 @@ class CellRecord:
 # value the checkpoint holds for another expert of the same layer and linear (issue 38 item 6:
 # a load that raises nothing, e.g. strictness log_all, must still name these).
 AMAX_STATES = ("absent", "placeholder-zero", "non-finite", "another-expert", "differs", "restored")
+# Those the judge names as a problem of their own, even when the load raised nothing.
+NAMED_AMAX_STATES = ("placeholder-zero", "non-finite", "another-expert")
 
 
 @dataclass(frozen=True)

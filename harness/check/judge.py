@@ -17,7 +17,8 @@ from harness.check.expectation import expected
 from harness.check.plan import CellPlan
 from harness.check.recipes import recipe_facts
 from harness.check.versions import installed_mcore, plugin_problem
-from harness.records import CellRecord, Expected, Outcome, Patch, Stage, StageCause, StageResult
+from harness.records import (NAMED_AMAX_STATES, CellRecord, Expected, Outcome, Patch, Stage,
+                             StageCause, StageResult)
 from harness.tiers import on_cuda
 
 
@@ -247,11 +248,6 @@ def judged_verify(verify: dict, tier: str) -> dict:
     if "logits_plain" not in measured and "logits_at_load_topology" not in measured:
         return measured
     return {**measured, **judge_logits(measured, tier)}
-
-
-# A loaded expert amax that is wrong in a way with a name (harness/records.py AMAX_STATES): said
-# even when the load raised nothing (issue 38 item 6: strictness log_all only logs a missing key).
-NAMED_AMAX_STATES = ("placeholder-zero", "non-finite", "another-expert")
 
 
 def verify_problems(verify: dict, known_gaps) -> list[str]:
