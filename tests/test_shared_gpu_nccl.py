@@ -63,7 +63,7 @@ def test_the_committed_scenario_plans_the_mode_and_names_it(monkeypatch):
     assert shared_gpu.SHARED_GPU_ENV not in _tier_env("gpu")
 
 
-def test_run_flag_turns_gpu_scenarios_into_the_mode_under_their_own_names(capsys):
+def test_run_flag_turns_gpu_scenarios_into_the_mode_under_their_own_names(capfd, tmp_path):
     """``run --nccl-shared-gpu``: the same cells on NCCL, ids unchanged (so they compare with the
     gloo run one for one), and a cpu scenario refused in one line while the others go on."""
     from harness.cli import main
@@ -76,7 +76,8 @@ def test_run_flag_turns_gpu_scenarios_into_the_mode_under_their_own_names(capsys
     assert [c.id for c in nccl.cells()] == [c.id for c in gloo.cells()]
     why = as_nccl_shared(by_name["cpu-reshard"])
     assert isinstance(why, str) and "\n" not in why and "cpu_reshard.toml: tier 'cpu'" in why
-    main(["run", "--nccl-shared-gpu", "--scenario", "cpu-reshard", "--scenario", "gpu-world1"])
-    out = capsys.readouterr()
+    main(["--results-root", str(tmp_path), "run", "--nccl-shared-gpu", "--scenario", "cpu-reshard",
+          "--scenario", "gpu-world1"])
+    out = capfd.readouterr()
     assert "scenario skipped: scenarios/cpu_reshard.toml: tier 'cpu'" in out.err
     assert "| gpu |" in out.out  # gpu-world1 went on, planned as tier gpu (skipped: no GPU here)
