@@ -314,22 +314,21 @@ def behaviour_for(version: str | None, mcore: str | None = None) -> Behaviour:
     return rules_for(version, mcore or installed_mcore())
 
 
-def installed_mcore() -> str | None:
+def _installed(distribution: str) -> str | None:
     import importlib.metadata as md
 
     try:
-        return md.version("megatron-core")
+        return md.version(distribution)
     except md.PackageNotFoundError:
         return None
+
+
+def installed_mcore() -> str | None:
+    return _installed("megatron-core")
 
 
 def installed_modelopt() -> str | None:
-    import importlib.metadata as md
-
-    try:
-        return md.version("nvidia-modelopt")
-    except md.PackageNotFoundError:
-        return None
+    return _installed("nvidia-modelopt")
 
 
 @functools.lru_cache(maxsize=None)
