@@ -48,6 +48,13 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def gpu_memory_mib() -> int:
+    """The first GPU's memory (MiB); 0 without one."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory // 2**20 if gpu_count() else 0
+
+
 def gpu_name() -> str | None:
     import torch
 
@@ -76,6 +83,7 @@ class SkipKind(StrEnum):
     NO_GPU = "no-gpu"  # a GPU tier, no CUDA GPU visible
     TOO_FEW_GPUS = "too-few-gpus"  # tier gpu, fewer GPUs than ranks
     NO_TE = "no-te"  # a GPU tier, Transformer Engine does not import
+    GPU_MEMORY = "gpu-memory"  # NCCL ranks sharing a GPU (shared_gpu_nccl) would not fit in it
 
     @property
     def lacks_gpus(self) -> bool:
@@ -93,6 +101,8 @@ SKIP_TEXTS = {
     SkipKind.NO_TE: "tier {tier} needs Transformer Engine: {error}",
     SkipKind.TOO_FEW_GPUS: ("tier gpu needs one GPU per rank: {world} ranks, {gpus} GPU(s) visible "
                             "(tier gpu-shared runs it on fewer GPUs over gloo)"),
+    SkipKind.GPU_MEMORY: ("shared_gpu_nccl: {world} NCCL ranks on one GPU need about {need} MiB "
+                          "({per} MiB a rank, measured) and the GPU has {total} MiB"),
 }
 
 
@@ -122,6 +132,13 @@ def tier_skip_reason(tier: str, world: int = 1, shared_gpu_nccl: bool = False) -
         return SKIP_TEXTS[SkipKind.NO_TE].format(tier=tier, error=te_import_error())
     if facts(tier).gpu_per_rank and gpu_count() < world and not shared_gpu_nccl:
         return SKIP_TEXTS[SkipKind.TOO_FEW_GPUS].format(world=world, gpus=gpu_count())
+    if shared_gpu_nccl:
+        from harness.rank.shared_gpu import RANK_MIB
+
+        ranks_per_gpu = -(-world // gpu_count())
+        if ranks_per_gpu * RANK_MIB > gpu_memory_mib():
+            return SKIP_TEXTS[SkipKind.GPU_MEMORY].format(
+                world=ranks_per_gpu, need=ranks_per_gpu * RANK_MIB, per=RANK_MIB, total=gpu_memory_mib())
     return None
 
 

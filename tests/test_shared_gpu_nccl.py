@@ -27,6 +27,7 @@ def test_the_mode_needs_tier_gpu_and_says_so_in_one_line(tmp_path):
 
 def test_one_gpu_is_enough_only_in_the_mode(monkeypatch):
     monkeypatch.setattr(machine, "gpu_count", lambda: 1)
+    monkeypatch.setattr(machine, "gpu_memory_mib", lambda: 81559)
     monkeypatch.setattr(machine, "te_import_error", lambda: None)
     assert "one GPU per rank: 8 ranks, 1 GPU(s)" in machine.tier_skip_reason("gpu", 8)
     assert machine.tier_skip_reason("gpu", 8, shared_gpu_nccl=True) is None
@@ -81,3 +82,14 @@ def test_run_flag_turns_gpu_scenarios_into_the_mode_under_their_own_names(capfd,
     out = capfd.readouterr()
     assert "scenario skipped: scenarios/cpu_reshard.toml: tier 'cpu'" in out.err
     assert "| gpu |" in out.out  # gpu-world1 went on, planned as tier gpu (skipped: no GPU here)
+
+
+def test_more_ranks_than_the_gpu_memory_holds_is_one_line(monkeypatch):
+    monkeypatch.setattr(machine, "gpu_count", lambda: 1)
+    monkeypatch.setattr(machine, "te_import_error", lambda: None)
+    monkeypatch.setattr(machine, "gpu_memory_mib", lambda: 81559)  # an H100 80GB
+    assert machine.tier_skip_reason("gpu", 8, shared_gpu_nccl=True) is None
+    reason = machine.tier_skip_reason("gpu", 64, shared_gpu_nccl=True)
+    assert reason and "\n" not in reason
+    assert reason.startswith(f"shared_gpu_nccl: 64 NCCL ranks on one GPU need about {64 * shared_gpu.RANK_MIB} MiB")
+    assert machine.skip_kind(reason) == machine.SkipKind.GPU_MEMORY
