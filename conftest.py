@@ -198,6 +198,16 @@ def baseline_profiles(monkeypatch):
                        str(Path(__file__).parent / "tests" / "data" / "quarantine-nvfp4-default.toml"))
 
 
+@pytest.fixture(scope="session")
+def made_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """The small torch_dist checkpoints of tests/test_golden.py and tests/test_inspect_ckpt.py,
+    written by ONE world-1 make-ckpt torchrun (its imports are most of its time); both files are
+    in one xdist group, so one worker makes them once. name -> directory (tests/helpers.py)."""
+    from tests.helpers import make_checkpoints, made_checkpoint_specs
+
+    return make_checkpoints(tmp_path_factory.mktemp("made-ckpts"), made_checkpoint_specs())
+
+
 @pytest.fixture
 def cell(request):
     """The parametrized cell; a bad scenario file's item fails here with the file's one line."""

@@ -99,3 +99,89 @@ def interrupt_a_hung_stage(root: Path, sig: signal.Signals) -> tuple[subprocess.
         return proc, out, time.monotonic() - sent
     finally:
         bounded_process.kill_group(proc)
+
+
+# --- torch_dist checkpoints from the GPU recordings, written by ONE make-ckpt torchrun --------
+# tests/test_golden.py and tests/test_inspect_ckpt.py each need a few small checkpoints that one
+# world-1 rank writes with megatron-core's real torch_dist save (tests/rank_programs/make_ckpt.py).
+# Most of such a run is the rank's imports, so every checkpoint of both files is written by one
+# run (conftest.py ``made_checkpoints``, session-scoped; both files share an xdist group).
+RECORDED = Path(__file__).parent / "data" / "recorded"
+INSPECT_SOURCE = RECORDED / "tp1-etp1-ep8-fix.json"
+# (layer, linear) -> global experts whose amax the inspector's "missing" variant drops
+INSPECT_DROPPED = {(0, "linear_fc1"): [1, 3], (1, "linear_fc2"): [5]}
+GOLDEN_RECORDING = RECORDED / "tp2-etp2-ep4-fix.json"
+MAKE_CKPT_GROUP = "make-ckpt"  # the xdist group of the files that use made_checkpoints
+
+
+def recorded_tensors(path: Path) -> list[dict]:
+    """Unique keys of a recording (all ranks), with global shape: a world-1 save of them."""
+    import json
+
+    seen: dict[str, dict] = {}
+    for e in json.loads(path.read_text())["entries"]:
+        seen.setdefault(e["key"], {"key": e["key"], "dtype": e["dtype"], "shape": e["global_shape"]})
+    return list(seen.values())
+
+
+def as_shared(tensors: list[dict]) -> list[dict]:
+    """Fold per-expert weight-quantizer amax into ModelOpt 0.46.1's single key per grouped linear."""
+    from harness.check.keys import PER_EXPERT_WEIGHT_AMAX as PER_EXPERT
+
+    out, done = [], set()
+    for t in tensors:
+        m = PER_EXPERT.match(t["key"])
+        if not m:
+            out.append(t)
+            continue
+        legacy = re.sub(r"\.experts\.experts\.\d+\.", ".experts.", t["key"])
+        if legacy not in done:
+            done.add(legacy)
+            out.append({**t, "key": legacy})
+    return out
+
+
+def without(tensors: list[dict], dropped: dict) -> list[dict]:
+    """``tensors`` without the per-expert weight amax of the experts ``dropped`` names."""
+    from harness.check.keys import PER_EXPERT_WEIGHT_AMAX as PER_EXPERT
+
+    def keep(t):
+        m = PER_EXPERT.match(t["key"])
+        return not (m and int(m["expert"]) in dropped.get((int(m["layer"]), m["linear"]), []))
+
+    return [t for t in tensors if keep(t)]
+
+
+def made_checkpoint_specs() -> dict[str, dict]:
+    """name -> {seed, tensors} of every checkpoint the two files use. ``golden/tiny-per-expert``:
+    the keys of one layer of a tp2-etp2-ep4 recording (test_golden.py adds its manifest);
+    ``inspect/<variant>``: the per-expert layout as recorded, the pre-0.47 shared layout, some
+    experts' amax missing, and no quantizer state at all (test_inspect_ckpt.py)."""
+    import json
+
+    layer0: dict[str, dict] = {}
+    for e in json.loads(GOLDEN_RECORDING.read_text())["entries"]:
+        if ".layers.0.mlp." in e["key"]:
+            layer0.setdefault(e["key"], {"key": e["key"], "dtype": e["dtype"], "shape": e["global_shape"]})
+    base = recorded_tensors(INSPECT_SOURCE)
+    specs = {"golden/tiny-per-expert": {"seed": 3, "tensors": list(layer0.values())}}
+    variants = {"per-expert": base, "shared": as_shared(base), "missing": without(base, INSPECT_DROPPED),
+                "unquantized": [t for t in base if "_quantizer." not in t["key"]]}
+    specs.update({f"inspect/{name}": {"seed": 7, "tensors": ts} for name, ts in variants.items()})
+    return specs
+
+
+def make_checkpoints(root: Path, specs: dict[str, dict]) -> dict[str, Path]:
+    """Write every checkpoint of ``specs`` under ``root`` in one make-ckpt torchrun (one rank);
+    name -> its directory. The golden one is written as ``<name>/ckpt`` (a golden's layout)."""
+    import json
+
+    from harness.launch.torchrun import run_stage
+
+    out = {name: root / name / "ckpt" if name.startswith("golden/") else root / name for name in specs}
+    spec = {"checkpoints": [{"out": str(out[name]), **s} for name, s in specs.items()]}
+    (root / "spec.json").write_text(json.dumps(spec))
+    run = run_stage("make-ckpt", root / "stage", 1, [str(root / "spec.json")], timeout_s=180,
+                    rank_module="tests.rank_programs.make_ckpt")
+    assert run.ok, run.summary()
+    return out

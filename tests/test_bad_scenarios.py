@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from harness.golden.manifest import read_manifest, sha256, write_manifest
 from harness.paths import GOLDEN_DIR, REPO_ROOT, SCENARIO_DIR
 from harness.scenario.scenarios import (NOT_SCENARIOS, ScenarioError, load_all,
                                         load_all_with_errors, load_scenario)
+from tests.helpers import bounded
 
 pytestmark = pytest.mark.cpu
 
@@ -200,8 +200,7 @@ def test_pytest_collects_the_good_cells_and_one_error_item_per_bad_file(tmp_path
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q",
             "--results-root", str(results), "tests/test_cells.py"]
 
-    r = subprocess.run([*base, "--collect-only"], cwd=REPO_ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = bounded([*base, "--collect-only"], 300, cwd=REPO_ROOT, env=env)
     ids = [line for line in r.stdout.splitlines() if line.startswith("tests/test_cells.py::")]
     assert r.returncode == 0, r.stdout + r.stderr
     assert [i for i in ids if "scenario-file" in i] == [
@@ -209,8 +208,7 @@ def test_pytest_collects_the_good_cells_and_one_error_item_per_bad_file(tmp_path
     assert len([i for i in ids if "[cpu-reshard[" in i]) == 5, r.stdout
     assert not results.exists() or not any(results.iterdir())  # --collect-only makes no run dir
 
-    r = subprocess.run([*base, "-k", "scenario-file"], cwd=REPO_ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = bounded([*base, "-k", "scenario-file"], 300, cwd=REPO_ROOT, env=env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 error" in r.stdout and "Traceback" not in r.stdout, r.stdout
     assert f"{d / 'bad.toml'}: tier: 'tpu' is not one of cpu, gpu-shared, gpu" in r.stdout, r.stdout

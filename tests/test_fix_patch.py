@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import py_compile
 import shutil
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -63,10 +62,7 @@ def test_diff_applies_to_installed_0_47_0_and_compiles(tmp_path):
     patch = shutil.which("patch")
     assert patch, "the `patch` binary is needed (apt-get install patch)"
     for extra in (["--dry-run"], []):
-        r = subprocess.run(
-            [patch, "-p1", "--forward", "--batch", *extra, "-i", str(DIFF)],
-            cwd=tmp_path, capture_output=True, text=True,
-        )
+        r = bounded([patch, "-p1", "--forward", "--batch", *extra, "-i", str(DIFF)], 60, cwd=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "offset" not in r.stdout and "fuzz" not in r.stdout, r.stdout
     for rel in files:
@@ -377,12 +373,12 @@ def test_autoload_chains_other_sitecustomize_and_arms_lazily(tmp_path):
         "print('modelopt' in sys.modules, 'torch' in sys.modules)\n"
     )
     env = {**os.environ, "PYTHONPATH": f"{AUTOLOAD}{os.pathsep}{other}", "MOE_CKPT_FIX": "1"}
-    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    r = bounded([sys.executable, "-c", probe], 180, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:3] == ["ran", "_ApplyAfterImport", "False False"]
 
     env["MOE_CKPT_FIX"] = "0"
-    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    r = bounded([sys.executable, "-c", probe], 180, env=env)
     assert r.returncode == 0, r.stderr
     ran, first_finder = r.stdout.split("\n")[:2]
     assert ran == "ran" and first_finder != "_ApplyAfterImport"  # off: chains, arms nothing

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 
@@ -264,7 +263,8 @@ def test_regex_rules_are_evaluated_by_re2(gcl, tmp_path, branch, jobs):
     (tmp_path / ".gitlab-ci.yml").write_text(REGEX_RULES)
     for cmd in (["init", "-q"], ["add", "."],
                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "rules"]):
-        subprocess.run(["git", *cmd], cwd=tmp_path, check=True, timeout=60, capture_output=True)
+        git = bounded(["git", *cmd], 60, cwd=tmp_path)
+        assert git.returncode == 0, git.stderr
     binary = REPO_ROOT / ".ci-tools" / "node_modules" / ".bin" / "gitlab-ci-local"
     proc = bounded([str(binary), "--no-color", "--state-dir", str(tmp_path / "state"),
                     "--home", str(tmp_path / "home"), "--list-json",

@@ -1,37 +1,30 @@
 """Golden checkpoint manifests: a changed byte or a missing/unlisted file fails, naming the file.
 
 The temp checkpoint is a real torch_dist save on CPU (one gloo rank, hand-built ShardedTensors
-with the recorded keys of one layer: tests/rank_programs/make_ckpt.py). Committed goldens
+with the recorded keys of one layer: tests/rank_programs/make_ckpt.py, the same run that writes
+tests/test_inspect_ckpt.py's checkpoints: conftest.py ``made_checkpoints``). Committed goldens
 (tests/golden/*/manifest.json) are verified when there are any.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from harness.golden.manifest import GoldenError, copy_to_temp, discover, verify_manifest, write_manifest
-from harness.launch.torchrun import run_stage
+from tests.helpers import MAKE_CKPT_GROUP
 
 GOLDEN_ROOT = Path(__file__).parent / "golden"
-RECORDING = Path(__file__).parent / "data" / "recorded" / "tp2-etp2-ep4-fix.json"
+
+pytestmark = pytest.mark.xdist_group(MAKE_CKPT_GROUP)
 
 
 @pytest.fixture(scope="module")
-def golden(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("golden")
-    seen = {}
-    for e in json.loads(RECORDING.read_text())["entries"]:
-        if ".layers.0.mlp." in e["key"]:
-            seen.setdefault(e["key"], {"key": e["key"], "dtype": e["dtype"], "shape": e["global_shape"]})
-    d = root / "tiny-per-expert"
-    spec = {"checkpoints": [{"out": str(d / "ckpt"), "seed": 3, "tensors": list(seen.values())}]}
-    (root / "spec.json").write_text(json.dumps(spec))
-    run = run_stage("make-ckpt", root / "stage", 1, [str(root / "spec.json")], timeout_s=180,
-                    rank_module="tests.rank_programs.make_ckpt")
-    assert run.ok, run.summary()
+def golden(made_checkpoints) -> Path:
+    """The keys of one layer of a tp2-etp2-ep4 recording, seed 3, written by the session's one
+    make-ckpt torchrun (conftest.py ``made_checkpoints``), with its manifest."""
+    d = made_checkpoints["golden/tiny-per-expert"].parent
     write_manifest(d, topology="tp2-etp2-ep4-pp1", made_by="tests/test_golden.py", layout="per-expert",
                    date="2026-12-02")
     return d

@@ -9,71 +9,24 @@ off leaves behind).
 """
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from harness.check.keys import PER_EXPERT_WEIGHT_AMAX as PER_EXPERT
 from harness.golden.inspect import main
 from harness.golden.layout import classify, inspect_checkpoint
-from harness.launch.torchrun import run_stage
+from tests.helpers import MAKE_CKPT_GROUP, RECORDED, as_shared, recorded_tensors
 
-RECORDED = Path(__file__).parent / "data" / "recorded"
-SOURCE = RECORDED / "tp1-etp1-ep8-fix.json"
-# (layer, linear) -> global experts whose amax the "missing" variant drops
-DROPPED = {(0, "linear_fc1"): [1, 3], (1, "linear_fc2"): [5]}
-
-pytestmark = pytest.mark.cpu
-
-
-def recorded_tensors(path: Path) -> list[dict]:
-    """Unique keys of a recording (all ranks), with global shape: a world-1 save of them."""
-    seen: dict[str, dict] = {}
-    for e in json.loads(path.read_text())["entries"]:
-        seen.setdefault(e["key"], {"key": e["key"], "dtype": e["dtype"], "shape": e["global_shape"]})
-    return list(seen.values())
-
-
-def as_shared(tensors: list[dict]) -> list[dict]:
-    """Fold per-expert weight-quantizer amax into ModelOpt 0.46.1's single key per grouped linear."""
-    out, done = [], set()
-    for t in tensors:
-        m = PER_EXPERT.match(t["key"])
-        if not m:
-            out.append(t)
-            continue
-        legacy = re.sub(r"\.experts\.experts\.\d+\.", ".experts.", t["key"])
-        if legacy not in done:
-            done.add(legacy)
-            out.append({**t, "key": legacy})
-    return out
-
-
-def without(tensors: list[dict], dropped: dict) -> list[dict]:
-    def keep(t):
-        m = PER_EXPERT.match(t["key"])
-        return not (m and int(m["expert"]) in dropped.get((int(m["layer"]), m["linear"]), []))
-
-    return [t for t in tensors if keep(t)]
+pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group(MAKE_CKPT_GROUP)]
 
 
 @pytest.fixture(scope="module")
-def ckpts(tmp_path_factory) -> dict[str, Path]:
-    """Three checkpoints written by one torchrun rank (about 30 s, mostly imports)."""
-    root = tmp_path_factory.mktemp("inspect")
-    base = recorded_tensors(SOURCE)
-    variants = {"per-expert": base, "shared": as_shared(base), "missing": without(base, DROPPED),
-                "unquantized": [t for t in base if "_quantizer." not in t["key"]]}
-    spec = {"checkpoints": [{"out": str(root / name), "seed": 7, "tensors": ts}
-                            for name, ts in variants.items()]}
-    (root / "spec.json").write_text(json.dumps(spec))
-    run = run_stage("make-ckpt", root / "stage", 1, [str(root / "spec.json")], timeout_s=180,
-                    rank_module="tests.rank_programs.make_ckpt")
-    assert run.ok, run.summary()
-    return {name: root / name for name in variants}
+def ckpts(made_checkpoints) -> dict[str, Path]:
+    """Four checkpoints (per-expert, shared, missing, unquantized) of the session's one make-ckpt
+    torchrun rank (conftest.py ``made_checkpoints``; about 30 s, mostly imports)."""
+    return {name.split("/", 1)[1]: path for name, path in made_checkpoints.items()
+            if name.startswith("inspect/")}
 
 
 def test_per_expert_layout(ckpts):

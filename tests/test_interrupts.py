@@ -17,7 +17,7 @@ import pytest
 
 from harness.launch import bounded as bounded_process
 from harness.paths import REPO_ROOT
-from tests.helpers import (CPU_SAVE_ONLY_CELL, TEARDOWN_LIMIT_S, interrupt_a_hung_stage,
+from tests.helpers import (CPU_SAVE_ONLY_CELL, TEARDOWN_LIMIT_S, bounded, interrupt_a_hung_stage,
                            stage_processes, start_cli)
 
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("interrupts")]
@@ -105,7 +105,6 @@ except KeyboardInterrupt:
 def test_the_same_signal_delivered_twice_at_once_is_one_stop_a_later_one_stops_waiting():
     """GNU timeout signals its command and then the command's process group: the controller
     must still write its partial results, not take the repeat for a second Ctrl-C."""
-    out = subprocess.run([sys.executable, "-c", SIGNAL_TWICE], cwd=REPO_ROOT, capture_output=True,
-                         text=True, timeout=60)
+    out = bounded([sys.executable, "-c", SIGNAL_TWICE], 60, cwd=REPO_ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["after the double SIGTERM", "a later one stops waiting"]

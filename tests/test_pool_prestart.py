@@ -6,7 +6,6 @@ HARNESS_RANK_TRIM names, as if they were not installed."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from harness.launch.pool import POOLS
 from harness.run.cells import run_cells, select_cells
 from harness.scenario.scenarios import load_all
+from tests.helpers import bounded
 
 REPO = Path(__file__).resolve().parent.parent
 SAVE = "tp1-etp1-ep2-pp1"
@@ -81,7 +81,6 @@ def test_a_rank_refuses_the_packages_trim_names():
     code = ("from harness.rank import trim; print(sorted(trim.install()))\nimport json\n"
             "try:\n import csv\nexcept ModuleNotFoundError as e: print('refused', e.name)")
     env = {**os.environ, "HARNESS_RANK_TRIM": "csv, nosuchpkg", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=60)
+    out = bounded([sys.executable, "-c", code], 60, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["['csv', 'nosuchpkg']", "refused csv"], out.stdout

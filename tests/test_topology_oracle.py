@@ -3,7 +3,6 @@ measured in findings.md (not against values the oracle produced itself)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from harness.topology.oracle import collision_map, collisions, map_entry
 from harness.topology.coords import rank_coords
 from harness.scenario.scenarios import ScenarioError, load_scenario
 from harness.topology.topology import Topology, TopologyError
+from tests.helpers import bounded
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.cpu
@@ -69,17 +69,17 @@ def test_world_one_never_fails_and_fix_never_fails():
 
 
 def test_map_json_has_the_promised_fields():
-    out = subprocess.run([sys.executable, "-m", "harness", "map", "--max-world", "4", "--json"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120, check=True).stdout
+    done = bounded([sys.executable, "-m", "harness", "map", "--max-world", "4", "--json"], 120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     rows = json.loads(out)
     assert rows and {"world", "tp", "etp", "ep", "pp", "buggy_ok", "fixed_ok"} <= set(rows[0])
     assert max(r["world"] for r in rows) == 4
 
 
 def test_cli_refuses_impossible_topology_without_a_traceback():
-    r = subprocess.run([sys.executable, "-m", "harness", "dump-metadata", "--topology",
-                        "tp3-etp1-ep2", "--out", "/tmp/unused.json"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = bounded([sys.executable, "-m", "harness", "dump-metadata", "--topology",
+                 "tp3-etp1-ep2", "--out", "/tmp/unused.json"], 120, cwd=REPO)
     assert r.returncode == 2
     assert "num_attention_heads 4 is not divisible by tp 3" in r.stderr
     assert "Traceback" not in r.stderr
