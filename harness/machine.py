@@ -48,6 +48,12 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+# GPU memory one NCCL rank of tier gpu's shared-GPU mode (harness/rank/shared_gpu.py) holds at
+# its peak (CUDA context, NCCL buffers, the harness model), measured: 14 ranks (worlds 2, 4, 8 at
+# once) on one H100 peaked at 30918 MiB in nvidia-smi (docs/runs/20261206-0532-device-session.md).
+SHARED_GPU_NCCL_RANK_MIB = 30918 // 14
+
+
 def gpu_memory_mib() -> int:
     """The first GPU's memory (MiB); 0 without one."""
     import torch
@@ -133,12 +139,10 @@ def tier_skip_reason(tier: str, world: int = 1, shared_gpu_nccl: bool = False) -
     if facts(tier).gpu_per_rank and gpu_count() < world and not shared_gpu_nccl:
         return SKIP_TEXTS[SkipKind.TOO_FEW_GPUS].format(world=world, gpus=gpu_count())
     if shared_gpu_nccl:
-        from harness.rank.shared_gpu import RANK_MIB
-
         ranks_per_gpu = -(-world // gpu_count())
-        if ranks_per_gpu * RANK_MIB > gpu_memory_mib():
+        if ranks_per_gpu * SHARED_GPU_NCCL_RANK_MIB > gpu_memory_mib():
             return SKIP_TEXTS[SkipKind.GPU_MEMORY].format(
-                world=ranks_per_gpu, need=ranks_per_gpu * RANK_MIB, per=RANK_MIB, total=gpu_memory_mib())
+                world=ranks_per_gpu, need=ranks_per_gpu * SHARED_GPU_NCCL_RANK_MIB, per=SHARED_GPU_NCCL_RANK_MIB, total=gpu_memory_mib())
     return None
 
 

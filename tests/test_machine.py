@@ -10,7 +10,8 @@ from harness.machine import SKIP_TEXTS, SkipKind, skip_kind
 pytestmark = pytest.mark.cpu
 
 FIELDS = {"tier": "gpu-shared", "tiers": "cpu, gpu-shared, gpu", "world": 8, "gpus": 2,
-          "error": "Transformer Engine unavailable (RuntimeError: no GPU here)"}
+          "error": "Transformer Engine unavailable (RuntimeError: no GPU here)",
+          "need": 70656, "per": 2208, "total": 81559}
 
 
 @pytest.mark.parametrize("kind", list(SkipKind))

@@ -67,6 +67,8 @@ def test_the_committed_scenario_plans_the_mode_and_names_it(monkeypatch):
 def test_run_flag_turns_gpu_scenarios_into_the_mode_under_their_own_names(capfd, tmp_path):
     """``run --nccl-shared-gpu``: the same cells on NCCL, ids unchanged (so they compare with the
     gloo run one for one), and a cpu scenario refused in one line while the others go on."""
+    import json
+
     from harness.cli import main
     from harness.scenario.scenarios import as_nccl_shared, load_all
 
@@ -79,9 +81,11 @@ def test_run_flag_turns_gpu_scenarios_into_the_mode_under_their_own_names(capfd,
     assert isinstance(why, str) and "\n" not in why and "cpu_reshard.toml: tier 'cpu'" in why
     main(["--results-root", str(tmp_path), "run", "--nccl-shared-gpu", "--scenario", "cpu-reshard",
           "--scenario", "gpu-world1"])
-    out = capfd.readouterr()
-    assert "scenario skipped: scenarios/cpu_reshard.toml: tier 'cpu'" in out.err
-    assert "| gpu |" in out.out  # gpu-world1 went on, planned as tier gpu (skipped: no GPU here)
+    assert "scenario skipped: scenarios/cpu_reshard.toml: tier 'cpu'" in capfd.readouterr().err
+    (results,) = tmp_path.glob("*/results.json")  # gpu-world1 went on, planned as tier gpu
+    cells = json.loads(results.read_text())["cells"]
+    assert cells and {c["scenario"] for c in cells} == {"gpu-world1"}
+    assert {c["tier"] for c in cells} == {"gpu"}  # skipped here: no GPU
 
 
 def test_more_ranks_than_the_gpu_memory_holds_is_one_line(monkeypatch):
@@ -91,5 +95,5 @@ def test_more_ranks_than_the_gpu_memory_holds_is_one_line(monkeypatch):
     assert machine.tier_skip_reason("gpu", 8, shared_gpu_nccl=True) is None
     reason = machine.tier_skip_reason("gpu", 64, shared_gpu_nccl=True)
     assert reason and "\n" not in reason
-    assert reason.startswith(f"shared_gpu_nccl: 64 NCCL ranks on one GPU need about {64 * shared_gpu.RANK_MIB} MiB")
+    assert reason.startswith(f"shared_gpu_nccl: 64 NCCL ranks on one GPU need about {64 * machine.SHARED_GPU_NCCL_RANK_MIB} MiB")
     assert machine.skip_kind(reason) == machine.SkipKind.GPU_MEMORY

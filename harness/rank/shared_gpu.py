@@ -15,11 +15,6 @@ import os
 # before its process group starts.
 SHARED_GPU_ENV = "HARNESS_SHARED_GPU_NCCL"
 
-# GPU memory one NCCL rank of the mode holds at its peak (CUDA context, NCCL buffers, the
-# harness model), measured: 14 ranks (worlds 2, 4, 8 at once) on one H100 peaked at 30918 MiB
-# in nvidia-smi (docs/runs/20261206-0532-device-session.md). More ranks than fit: one line.
-RANK_MIB = 30918 // 14
-
 
 def rank_env(rank: int) -> dict[str, str]:
     """This rank's NCCL settings in the mode: its own host id, sockets on loopback, no IB."""

@@ -70,14 +70,16 @@ def prestart_save_pools(cells, run: RunDir) -> int:
     return len(keys)
 
 
-def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=sys.stdout,
+def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=None,
               run_dir: RunDir | None = None) -> dict:
     """Run cells (skipping those this machine cannot run); print progress, then the table.
 
     Saves run first, then every load, each phase ``jobs`` cells at a time: a load needs its
     save's checkpoint, and cells sharing a save must not race to create it. ``run_dir``: one
-    made already (RunDir.new), e.g. for pools started ahead (prestart_save_pools).
+    made already (RunDir.new), e.g. for pools started ahead (prestart_save_pools). ``out``:
+    default the sys.stdout of the call (not of the import: a test's capture may replace it).
     """
+    out = out or sys.stdout
     from harness.report.summary import markdown_summary, progress_line
 
     run = run_dir or RunDir.new(results_root, label)
