@@ -140,9 +140,10 @@ def tier_skip_reason(tier: str, world: int = 1, shared_gpu_nccl: bool = False) -
         return SKIP_TEXTS[SkipKind.TOO_FEW_GPUS].format(world=world, gpus=gpu_count())
     if shared_gpu_nccl:
         ranks_per_gpu = -(-world // gpu_count())
-        if ranks_per_gpu * SHARED_GPU_NCCL_RANK_MIB > gpu_memory_mib():
+        need, total = ranks_per_gpu * SHARED_GPU_NCCL_RANK_MIB, gpu_memory_mib()
+        if need > total:
             return SKIP_TEXTS[SkipKind.GPU_MEMORY].format(
-                world=ranks_per_gpu, need=ranks_per_gpu * SHARED_GPU_NCCL_RANK_MIB, per=SHARED_GPU_NCCL_RANK_MIB, total=gpu_memory_mib())
+                world=ranks_per_gpu, need=need, per=SHARED_GPU_NCCL_RANK_MIB, total=total)
     return None
 
 

@@ -112,7 +112,8 @@ class Comparison:
 
 def _amax_state(got: torch.Tensor, want: torch.Tensor, siblings=()) -> str:
     """The AMAX_STATES entry of one loaded expert amax; ``siblings``: the checkpoint's values for
-    the other experts of its layer and linear, at the same slice."""
+    the other experts of its layer and linear, at the same slice (looked at only when the value
+    differs, so an iterable that slices lazily costs nothing on a clean load)."""
     if got.shape == want.shape and torch.equal(got, want):
         return "restored"
     if not got.any() and want.any():
@@ -124,18 +125,26 @@ def _amax_state(got: torch.Tensor, want: torch.Tensor, siblings=()) -> str:
     return "differs"
 
 
-def _siblings(key: str, reference: dict[str, torch.Tensor]) -> list[str]:
-    """The other experts' amax keys of ``key``'s layer and linear (per-expert layout only)."""
+def _expert_group(key: str) -> tuple[str, str] | None:
+    """(layer and linear before the expert index, after it) of a per-expert amax key."""
     m = PER_EXPERT_WEIGHT_AMAX.match(key)
-    if not m:
-        return []
-    head, tail = key[:m.start("expert")], key[m.end("expert"):]
-    return [k for k in reference if k.startswith(head) and k.endswith(tail) and k != key
-            and k[len(head):len(k) - len(tail)].isdigit()]
+    return (key[:m.start("expert")], key[m.end("expert"):]) if m else None
+
+
+def _sibling_index(reference: dict[str, torch.Tensor]) -> dict[tuple[str, str], list[str]]:
+    """Every per-expert amax key of the reference, grouped by layer and linear (built once per
+    comparison: a load rank compares thousands of such keys at the jobs' shapes)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for k in reference:
+        group = _expert_group(k)
+        if group:
+            groups.setdefault(group, []).append(k)
+    return groups
 
 
 def compare(sharded_sd, reference: dict[str, torch.Tensor]) -> Comparison:
     out = Comparison()
+    groups = _sibling_index(reference)
     for sh in _sharded_tensors(sharded_sd):
         out.present_keys.append(sh.key)
         ref = reference.get(sh.key)
@@ -146,9 +155,9 @@ def compare(sharded_sd, reference: dict[str, torch.Tensor]) -> Comparison:
         out.keys_compared += 1
         if is_expert_weight_amax(sh.key):
             out.expert_amax_compared += 1
-            state = _amax_state(got, want, [reference[k][_slices(sh)]
-                                             for k in _siblings(sh.key, reference)
-                                             if reference[k].shape == ref.shape])
+            siblings = (reference[k][_slices(sh)] for k in groups.get(_expert_group(sh.key), ())
+                        if k != sh.key and reference[k].shape == ref.shape)
+            state = _amax_state(got, want, siblings)
             prev = out.expert_amax.get(sh.key, "restored")
             out.expert_amax[sh.key] = min(state, prev, key=AMAX_STATES.index)
         if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
