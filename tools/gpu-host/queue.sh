@@ -2,6 +2,7 @@
 # Runs several run.sh modes one after another in the background on the lent GPU host, so that a
 # queue longer than one device call (600 s) keeps the GPU busy between calls (docs/gpu-host.md).
 #   queue.sh start "VAR=x mode1" "mode2" ...   copy this tree to /root/queue/src and start there
+#   queue.sh start-file FILE                    the same, one entry a line ('#' lines skipped)
 #   queue.sh poll SECONDS                       wait until the queue ends or SECONDS pass, then
 #                                               pack what it has written so far into $OUT/queue.tgz
 # Each entry is optional VAR=value words and a run.sh mode; its output lands in
@@ -9,13 +10,16 @@
 set -uo pipefail
 Q=${GPU_QUEUE_DIR:-/root/queue}  # on the GPU host
 case "$1" in
+  start-file)
+    mapfile -t lines < <(grep -v -e '^#' -e '^[[:space:]]*$' "$2")
+    exec bash "$0" start "${lines[@]}" ;;
   start)
     shift
     rm -rf "$Q" && mkdir -p "$Q/src"
     tar -c --exclude=./.gpu --exclude=./results . | tar -x -C "$Q/src"
     printf '%s\n' "$@" > "$Q/entries"
     setsid nohup bash -c '
-      cd '"$Q"'/src; n=0
+      cd '"$Q"'/src; n=0; set -f  # globs in an entry are for harness, not for this shell
       while read -r entry; do
         n=$((n + 1)); mode=${entry##* }; dir='"$Q"'/$n-$mode; mkdir -p "$dir"
         echo "$(date +%T) start $entry" >> '"$Q"'/progress

@@ -23,7 +23,8 @@
 #   recipes    issue 38: the jobs' recipes (gpu-*-recipe*) under 0.47.0 unpatched and patched and
 #              0.48.0rc1 unpatched, at once (RECIPE_PARTS); carry .whl-048
 #              RECIPE_PARTS items are <modelopt>-<patch>[-mc<megatron-core>] (carry .whl-mc<digits>)
-#              and RECIPE_CELLS adds --cells globs
+#              and RECIPE_CELLS narrows to cell-id globs, separated by commas (a comma inside a
+#              cell id: write ? there; a queue.sh entry splits on spaces)
 #   nccl-probe issue 42: 2/4/8 NCCL ranks on one GPU with per-rank NCCL_HOSTID (+ the control)
 #   nccl-teardown  issue 42 item 3: NCCL ranks sharing the GPU; bench/teardown.py --nccl-shared-gpu
 #              (peers waiting in an all_reduce) at TEARDOWN_WORLDS (2 4 8), then gpu-nccl-teardown
@@ -125,7 +126,7 @@ case "$1" in
       fi
       [ "$patch" = fix ] && sc=$FIX
       timeout -s TERM ${RECIPE_PART_TIMEOUT_S:-520} $py -m harness --results-root $R run \
-        --label recipes-$part --jobs ${RECIPE_JOBS:-3} $(SCENARIOS=$sc scenarios) ${RECIPE_CELLS:-} > "$OUT/recipes-$part.log" 2>&1
+        --label recipes-$part --jobs ${RECIPE_JOBS:-3} $(SCENARIOS=$sc scenarios) $(c=${RECIPE_CELLS:-}; for g in ${c//,/ }; do echo "--cells $g"; done) > "$OUT/recipes-$part.log" 2>&1
       echo "$part: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$OUT/recipes-$part.log"
     }
     PIDS=()
@@ -157,7 +158,9 @@ case "$1" in
         --kinds raise,sigkill,hang --pg-timeout 10 > "$P/bench-world$n.log" 2>&1 & PIDS+=($!)
     done; wait "${PIDS[@]}"
     for n in ${TEARDOWN_WORLDS:-2 4 8}; do echo "== bench world $n"; tail -n 12 "$P/bench-world$n.log"; done
-    for inj in ${TEARDOWN_INJECT:-raise:1:before_save raise:1:before_load hang:1:before_save}; do
+    # TEARDOWN_INJECT: HARNESS_INJECT values separated by commas
+    I=${TEARDOWN_INJECT:-raise:1:before_save,raise:1:before_load,hang:1:before_save}
+    for inj in ${I//,/ }; do
       name=$(echo "$inj" | tr : -) start=$(date +%s)
       timeout -s TERM ${TEARDOWN_RUN_TIMEOUT_S:-240} env HARNESS_INJECT="$inj" HARNESS_PG_TIMEOUT_S=30 \
         $H run --label nccl-teardown-$name --jobs 3 --scenario gpu-nccl-teardown > "$P/$name.log" 2>&1
