@@ -49,6 +49,12 @@ def one(tmp: Path, kind: str, k: int, nproc: int, guard: bool, pg_timeout: float
     return r.teardown_s, right, bool(r.leftovers)
 
 
+def _row(kind: str, mode: str, lat: list, right: int, orphans: int, count: int) -> str:
+    m = statistics.median(lat) if lat else float("nan")
+    mx = max(lat) if lat else float("nan")
+    return f"{kind:9} {mode:6} {len(lat):>3} {m:>9.2f} {mx:>7.2f} {right:>3}/{count:<2} {orphans:>7}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--count", type=int, default=10)
@@ -61,6 +67,8 @@ def main() -> None:
     env = nccl_shared_env() if a.nccl_shared_gpu else None
     print(f"backend: {'nccl, ' + str(a.nproc) + ' ranks on one GPU' if env else 'gloo'}")
     rows = []
+    header = f"{'kind':9} {'mode':6} {'n':>3} {'median s':>9} {'max s':>7} {'right':>6} {'orphans':>7}"
+    print(header, flush=True)  # each row as it is done: a bound that cuts the bench keeps them
     with tempfile.TemporaryDirectory() as td:
         for kind in a.kinds.split(","):
             for guard in (True, False):
@@ -73,13 +81,12 @@ def main() -> None:
                     right += ok
                     orphans += left
                 rows.append((kind, "guard" if guard else "plain", lat, right, orphans))
-    print(f"{'kind':9} {'mode':6} {'n':>3} {'median s':>9} {'max s':>7} {'right':>6} {'orphans':>7}")
+                print(_row(*rows[-1], a.count), flush=True)
+    print(header)
     med = {}
     for kind, mode, lat, right, orphans in rows:
-        m = statistics.median(lat) if lat else float("nan")
-        med[(kind, mode)] = m
-        mx = max(lat) if lat else float("nan")
-        print(f"{kind:9} {mode:6} {len(lat):>3} {m:>9.2f} {mx:>7.2f} {right:>3}/{a.count:<2} {orphans:>7}")
+        med[(kind, mode)] = statistics.median(lat) if lat else float("nan")
+        print(_row(kind, mode, lat, right, orphans, a.count))
     for kind in a.kinds.split(","):
         g, p = med[(kind, "guard")], med[(kind, "plain")]
         print(f"{kind}: plain/guard median teardown ratio = {p / g:.2f}" if g else f"{kind}: n/a")

@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     eq.add_argument("--outcomes-only", action="store_true",
                     help="compare only outcome, exception, failing key and failed stage of the "
                          "cells both runs hold (another transport: NCCL against gloo)")
+    eq.add_argument("--rejudged", action="store_true",
+                    help="judge both runs again under today's rules first (runs recorded under "
+                         "older rules, e.g. a gloo run of 2026-12-02 against a new NCCL run)")
     eq.set_defaults(fn=commands.cmd_equivalence)
 
     ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds")

@@ -82,3 +82,16 @@ def test_outcomes_only_compares_the_cells_both_runs_ran():
     assert differences(doc, other, outcomes_only=True) == [
         f"{bug['cell_id']}: failing_key "
         f"{next(c for c in doc['cells'] if c['cell_id'] == bug['cell_id'])['failing_key']!r} != 'another.key'"]
+
+
+def test_rejudged_compares_runs_recorded_under_different_rules(capsys):
+    """Recorded: the Nano fix cell on gloo (H200, 2026-12-02) failed under that day's rule (the
+    cross-topology logits were asserted); on NCCL sharing the H100 (2026-12-06) it passed under
+    today's. Judged again under one rule set, the two transports give the same answer."""
+    runs = RUN.parent
+    gloo, nccl = (str(runs / f) for f in ("20261202-144727-fix2.results.json",
+                                          "20261206-081258-nccl-cells.results.json"))
+    assert main(["equivalence", "--outcomes-only", gloo, nccl]) == 1
+    assert "'unexpected-failure' != 'pass'" in capsys.readouterr().out
+    assert main(["equivalence", "--outcomes-only", "--rejudged", gloo, nccl]) == 0
+    assert "equivalent: 2 cells both ran" in capsys.readouterr().out

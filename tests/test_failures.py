@@ -120,6 +120,37 @@ def test_hang_is_the_rank_outside_any_collective():
     assert {s.rank for s in sec} == {0, 2, 3}
 
 
+# torch's ProcessGroupNCCL watchdog text (ProcessGroupNCCL.cpp, checkTimeout / the watchdog's
+# exit message) as a rank's log ends when TORCH_NCCL_ASYNC_ERROR_HANDLING=3 aborts it
+NCCL_WATCHDOG_ABORT = (
+    "[rank2]:[E1206 08:10:01.1 ProcessGroupNCCL.cpp:2057] [PG ID 0 PG GUID 0(default_pg) Rank 2] "
+    "Process group watchdog thread terminated with exception: [Rank 2] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=16, NumelOut=16, "
+    "Timeout(ms)=10000) ran for 10001 milliseconds before timing out.\n"
+    "terminate called after throwing an instance of 'c10::DistBackendError'\n")
+
+
+def test_peers_aborted_by_the_nccl_watchdog_are_secondary_the_hung_rank_is_the_cause():
+    outside = 'File "/repo/harness/rank/inject.py", line 77 in _fire'
+    exits = [F.RankExit(rank=0, pid=9, exitcode=-15, died_at=11.0, signalled=True, stack=outside),
+             *(F.RankExit(rank=r, pid=10 + r, exitcode=-6, died_at=10.0 + r / 100,
+                          log_tail=NCCL_WATCHDOG_ABORT.replace("Rank 2", f"Rank {r}")) for r in (1, 2, 3))]
+    cause, sec = F.classify("save", [], exits)
+    assert (cause.rank, cause.kind) == (0, "hang")
+    assert cause.time == 10.01  # stuck at least since the first peer gave up on it
+    assert {s.rank for s in sec} == {1, 2, 3} and all(s.secondary for s in sec)
+
+
+def test_a_cuda_fault_through_the_nccl_watchdog_stays_a_cause():
+    tail = ("[PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated with "
+            "exception: CUDA error: an illegal memory access was encountered\n"
+            "terminate called after throwing an instance of 'c10::DistBackendError'\n")
+    exits = [F.RankExit(rank=0, pid=9, exitcode=-15, died_at=11.0, signalled=True),
+             F.RankExit(rank=1, pid=10, exitcode=-6, died_at=10.0, log_tail=tail)]
+    cause, _ = F.classify("save", [], exits)
+    assert (cause.rank, cause.kind, cause.exc_type) == (1, "signal", "SIGABRT")
+
+
 def test_timeout_without_errors():
     exits = [F.RankExit(rank=r, stack='torch/distributed/distributed_c10d.py' if r != 2 else 'time.sleep') for r in range(4)]
     cause, sec = F.classify("load", [], exits, timed_out=True)

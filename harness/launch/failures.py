@@ -102,6 +102,12 @@ def secondary_reason(text: str, exc_type: str = "") -> str | None:
     return None
 
 
+def _waited_on_peer(text: str) -> bool:
+    """Does ``text`` say its rank lost or timed out on a peer? By the texts only: the
+    exception-type names (DistBackendError) also carry primary faults."""
+    return any(rx.search(text or "") for name, rx in SECONDARY_PATTERNS if name != "dist-backend")
+
+
 def parse_elastic_failures(text: str) -> dict[int, tuple[int, int]]:
     """rank -> (exitcode, pid) from torchrun's Failures/Root Cause block (times ignored)."""
     out: dict[int, tuple[int, int]] = {}
@@ -145,8 +151,14 @@ def _from_exit(stage: str, x: RankExit, timed_out: bool) -> RankFailure:
         msg = f"died by {sig}" + (f": {what.group(2)}" if what else "")
         exc = what.group(1) if what else sig
         # torchrun/controller teardown signals are fallout; a signal nobody sent (injected
-        # SIGKILL, OOM killer, SIGABRT from std::terminate) is a cause of its own.
-        sec = x.signalled
+        # SIGKILL, OOM killer, SIGABRT from std::terminate) is a cause of its own, unless the
+        # rank says it was waiting on a peer: NCCL's watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=3)
+        # takes a rank whose collective timed out down by SIGABRT, "Process group watchdog
+        # thread terminated with exception: [Rank 1] Watchdog caught collective operation
+        # timeout" (seen on the H100, 20261206: a hung rank's peers were named the cause).
+        # A CUDA fault reaches the same terminate (c10::DistBackendError too) with its own text
+        # and stays a cause: the exception's type says nothing here, only its text does.
+        sec = x.signalled or _waited_on_peer(what.group(2) if what else x.log_tail)
         return RankFailure(x.rank, stage, CauseKind.SIGNAL, exc, msg, x.stack, x.died_at, sec, failing_key(msg))
     if x.exitcode is not None and x.exitcode > 0:
         msg = f"exit code {x.exitcode} without an error file" + (f": {what.group(2)}" if what else "")
@@ -236,7 +248,9 @@ def _stuck_rank(failures: list[RankFailure], exits: list[RankExit], timed_out: b
     if not in_collective(stacks.get(f.rank, "")):
         f.kind = f.exc_type = CauseKind.TIMEOUT if timed_out else CauseKind.HANG
         f.message = f"{f.message}; stuck outside any collective while peers waited"
-    errs = [g.time for g in failures if g.kind == CauseKind.EXCEPTION and g.time]
+    # peers gave up on it by an error of their own, or died by their NCCL watchdog's abort
+    errs = [g.time for g in failures if g is not f and g.time
+            and (g.kind == CauseKind.EXCEPTION or (g.kind == CauseKind.SIGNAL and g.exc_type != "SIGTERM"))]
     if errs and (f.time is None or f.time > min(errs)):
         f.time = min(errs)  # it was stuck at least since its peers gave up on it
     return f

@@ -7,6 +7,10 @@ directory) is read as ``<run>``.
 
     python -m harness equivalence REFERENCE/results.json CANDIDATE/results.json
 
+``--rejudged``: both runs judged again under today's rules before they are compared (a run
+recorded under older rules against a new one: what is compared is then the product's answer,
+not the rule generation each was written under).
+
 ``--rejudge RUN.results.json ...``: a recorded run against itself judged again under today's
 rules (harness/check/judge.py ``rejudge_record``): one line per cell whose outcome changes, with
 the reason (issue 25: a rule change lists what it changes).
@@ -120,6 +124,8 @@ def main(args) -> int:
     except ResultsFileError as exc:
         print(f"error: {exc}")
         return 2
+    if getattr(args, "rejudged", False):
+        ref, got = rejudged_doc(ref), rejudged_doc(got)
     only = getattr(args, "outcomes_only", False)
     diffs = differences(ref, got, outcomes_only=only)
     cells = len(RunResults.of(ref).cells)

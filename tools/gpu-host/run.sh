@@ -170,16 +170,17 @@ case "$1" in
     echo "rank processes left: $(pgrep -fc 'harness.rank|rank_programs' || true)"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 | tee "$P/after.txt"
     tar czf "$OUT/nccl-teardown.tgz" --exclude='*/ckpt' --exclude='*/reference' $R/*-nccl-teardown-* $P 2>/dev/null ;;
-  nccl-cells)
+  nccl-cells)  # NCCL_CELLS: cell-id globs, commas between (a comma inside an id: ?)
     start=$(date +%s)
+    NCCL_CELLS=${NCCL_CELLS:-'*[save=tp2-etp1-ep2-pp1?save-only]','*[save=tp1-etp1-ep8-pp1?load=tp4-etp1-ep8-pp1]','*[save=tp4-etp1-ep8-pp1?save-only]','gpu-ultra-recipe*[save=tp4-etp1-ep8-pp1?load=tp2-etp?-ep4-pp1]'}
     python3 -c "from modelopt.torch.quantization.extensions import get_cuda_ext_fp8; get_cuda_ext_fp8(raise_if_failed=True)" > /dev/null 2>&1
+    set -f  # the globs are for harness, not for this shell
     timeout -s TERM ${NCCL_CELLS_TIMEOUT_S:-540} $H run --nccl-shared-gpu --label nccl-cells --jobs ${NCCL_JOBS:-3} \
       --scenario gpu-witness --scenario gpu-fix --scenario gpu-nano-shape --scenario gpu-nano-shape-witness \
       --scenario gpu-ultra-recipe --scenario gpu-ultra-recipe-witness \
-      --cells '*[save=tp2-etp1-ep2-pp1,save-only]' --cells '*[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' \
-      --cells '*[save=tp4-etp1-ep8-pp1,save-only]' --cells 'gpu-ultra-recipe*[save=tp4-etp1-ep8-pp1,load=tp2-etp?-ep4-pp1]' \
-      > "$OUT/nccl-cells.log" 2>&1
-    echo "nccl-cells: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:|^results:' "$OUT/nccl-cells.log"
+      $(for g in ${NCCL_CELLS//,/ }; do echo "--cells $g"; done) > "$OUT/nccl-cells.log" 2>&1
+    rc=$?; set +f
+    echo "nccl-cells: rc $rc wall $(( $(date +%s) - start )) s"; grep -E '^- cells:|^results:' "$OUT/nccl-cells.log"
     d=$(ls -d $R/*-nccl-cells | tail -1); cp "$d/results.json" "$OUT/nccl-cells.results.json"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 ;;
   repro-modes)
