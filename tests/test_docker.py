@@ -109,6 +109,17 @@ def test_pins_match_requirements(args):
     assert "MODELOPT_GIT_REF" in args  # an upstream fix can be tested before its release
 
 
+def test_mamba_comes_from_its_requirements_file(parsed):
+    """The hybrid model's kernels: the image installs requirements/mamba.txt itself (one place
+    for their pins), with --no-deps, so the file pins their dependencies too."""
+    assert ("COPY", "requirements/mamba.txt /tmp/requirements-mamba.txt") in parsed
+    runs = " ".join(rest for w, rest in parsed if w == "RUN")
+    assert "--no-deps --no-build-isolation -r /tmp/requirements-mamba.txt" in runs
+    pins = {line.split("==")[0] for line in (ROOT / "requirements/mamba.txt").read_text().splitlines()
+            if "==" in line and not line.startswith("#")}
+    assert pins == {"mamba-ssm", "causal-conv1d", "einops"}
+
+
 def test_installs_pins_and_harness(parsed):
     runs = " ".join(rest for w, rest in parsed if w == "RUN")
     assert "megatron-core==${MEGATRON_CORE_VERSION}" in runs

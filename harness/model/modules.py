@@ -106,7 +106,8 @@ def packages_needed(size) -> list[tuple[str, str, str]]:
     if size.kind != "hybrid" or "M" not in split_pattern(size.hybrid_layer_pattern or "")[0]:
         return []
     return [("mamba_ssm", "mamba-ssm", "megatron-core's Mamba layers run its kernels "
-             "(megatron/core/ssm/mamba_mixer.py:202-206)"),
+             "(megatron/core/ssm/mamba_mixer.py:202-206; requirements/mamba.txt, which the "
+             "docker image installs)"),
             ("einops", "einops", "megatron-core's Mamba layers reshape with it "
              "(megatron/core/ssm/mamba_mixer.py:207-208)")]
 

@@ -32,6 +32,10 @@
 #              hang); the table (tools/gpu-host/teardown_table.py) and what is left afterwards
 #   nccl-cells issue 42 item 4: witness and fix cells (report, Nano, Ultra recipe) run with
 #              --nccl-shared-gpu, to compare with their gloo runs (equivalence --outcomes-only)
+#   mamba      issue 38 item 2: compile requirements/mamba.txt's sdists (carry .whl-mamba, staged by
+#              tools/gpu-host/stage-mamba.sh) with the host's nvcc into /root/site-mamba, bounded by
+#              MAMBA_BUILD_TIMEOUT_S (1500), import them, then run MAMBA_SCENARIOS
+#              (gpu-nano-hybrid-witness) with that dir first on PYTHONPATH. Not run yet.
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 #   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
 #              cross: gpu-cross-topology (4 layers, 64 experts) and its 8-expert twin under
@@ -183,6 +187,19 @@ case "$1" in
     echo "nccl-cells: rc $rc wall $(( $(date +%s) - start )) s"; grep -E '^- cells:|^results:' "$OUT/nccl-cells.log"
     d=$(ls -d $R/*-nccl-cells | tail -1); cp "$d/results.json" "$OUT/nccl-cells.results.json"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 ;;
+  mamba)
+    T=/root/site-mamba; mkdir -p $T; start=$(date +%s)
+    ls .whl-mamba/*.tar.gz > /dev/null || { echo "run.sh mamba: carry .whl-mamba (tools/gpu-host/stage-mamba.sh)" >&2; exit 2; }
+    # causal-conv1d first: mamba-ssm's build looks for it. No registry here: --no-index.
+    MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=${MAMBA_MAX_JOBS:-16} \
+      timeout -s TERM ${MAMBA_BUILD_TIMEOUT_S:-1500} bash -c 'for s in .whl-mamba/einops-*.whl .whl-mamba/causal_conv1d-*.tar.gz .whl-mamba/mamba_ssm-*.tar.gz; do
+        python3 -m pip install --no-deps --no-build-isolation --no-index --target '"$T"' "$s" || exit 1; done' \
+      > "$OUT/mamba-build.log" 2>&1
+    echo "mamba build: rc $? wall $(( $(date +%s) - start )) s"; tail -n 3 "$OUT/mamba-build.log"
+    export PYTHONPATH=$T${PYTHONPATH:+:$PYTHONPATH}
+    python3 -c "import mamba_ssm, causal_conv1d; print('mamba-ssm', mamba_ssm.__version__, '| causal-conv1d', causal_conv1d.__version__)" || exit 1
+    $H run --label hybrid --jobs ${MAMBA_JOBS:-3} $(SCENARIOS=${MAMBA_SCENARIOS:-} scenarios gpu-nano-hybrid-witness) > "$OUT/hybrid.log" 2>&1
+    echo "hybrid: rc $?"; grep -E '^- cells:|^results:' "$OUT/hybrid.log" ;;
   repro-modes)
     for m in fresh pool; do
       start=$(date +%s)
