@@ -11,7 +11,9 @@ set -uo pipefail
 Q=${GPU_QUEUE_DIR:-/root/queue}  # on the GPU host
 case "$1" in
   start-file)
+    [ -f "${2:-}" ] || { echo "queue.sh start-file: no file '${2:-}' (one entry a line)" >&2; exit 2; }
     mapfile -t lines < <(grep -v -e '^#' -e '^[[:space:]]*$' "$2")
+    [ ${#lines[@]} -gt 0 ] || { echo "queue.sh start-file: $2 has no entry" >&2; exit 2; }
     exec bash "$0" start "${lines[@]}" ;;
   start)
     shift
