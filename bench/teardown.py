@@ -32,9 +32,9 @@ def nccl_shared_env() -> dict:
 
 
 def one(tmp: Path, kind: str, k: int, nproc: int, guard: bool, pg_timeout: float,
-        env: dict | None = None) -> tuple[float | None, bool, bool]:
+        env: dict | None = None, stage_timeout: float = 120.0) -> tuple[float | None, bool, bool]:
     """(teardown seconds, attributed right, leftovers) for one injected run."""
-    r = run_stage("bench", tmp, nproc, [] if guard else ["--no-guard"], 120,
+    r = run_stage("bench", tmp, nproc, [] if guard else ["--no-guard"], stage_timeout,
                   env={**(env or {}), "HARNESS_INJECT": f"{kind}:{k}:before_save"},
                   rank_module=PROGRAM, pg_timeout_s=pg_timeout)
     if guard:
@@ -61,6 +61,9 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--kinds", default=",".join(("raise", "sigkill", "hang", "mismatch")))
     ap.add_argument("--pg-timeout", type=float, default=6.0)
+    ap.add_argument("--stage-timeout", type=float, default=120.0,
+                    help="below --pg-timeout, a hang is found by the stage timeout (stack dumps, "
+                         "then teardown) instead of by the peers' collective timeout")
     ap.add_argument("--nccl-shared-gpu", action="store_true",
                     help="NCCL ranks sharing GPU 0, each its own host (GPU host only)")
     a = ap.parse_args()
@@ -76,7 +79,7 @@ def main() -> None:
                 for i in range(a.count):
                     k = (i % (a.nproc - 1)) + 1 if i % 2 else 0
                     t, ok, left = one(Path(td) / f"{kind}-{guard}-{i}", kind, k, a.nproc, guard,
-                                      a.pg_timeout, env)
+                                      a.pg_timeout, env, a.stage_timeout)
                     lat += [t] if t is not None else []
                     right += ok
                     orphans += left

@@ -27,6 +27,9 @@ from harness.launch.teardown import (POLL_S, Watch, agent_pids, alive, discover,
                                      reap_leftovers)
 from harness.records import StageCause, StageResult
 
+DUMP_SETTLE_S = 0.1  # after a stack dump file grew: faulthandler's last lines
+
+
 @dataclass
 class StageRun:
     stage: str
@@ -208,18 +211,35 @@ def _read_jsons(d: Path) -> dict[int, dict]:
 
 def _dump_stacks(stage_dir: Path, w: Watch, wait_s: float = 2.0) -> None:
     """SIGUSR1 each live rank whose guard installed the handler (its stacks file names its pid;
-    without the handler SIGUSR1 would kill it), then give the dumps time to land."""
-    sent = False
+    without the handler SIGUSR1 would kill it), then wait until every dump has landed (its file
+    grew; faulthandler writes one in one go), at most ``wait_s``: a fixed wait made every
+    timed-out stage's teardown 2 s long (measured on NCCL, docs/runs/20261206-0758-device-session.md)."""
+    sent: dict[Path, int] = {}
     for r in w.ranks.values():
+        path = stage_dir / "stacks" / f"rank{r.rank}.txt"
         try:
-            first = (stage_dir / "stacks" / f"rank{r.rank}.txt").read_text().split("\n", 1)[0]
-            if first == f"pid {r.pid}" and alive(r.proc):
+            text = path.read_text()
+            if text.split("\n", 1)[0] == f"pid {r.pid}" and alive(r.proc):
                 r.proc.send_signal(signal.SIGUSR1)
-                sent = True
+                sent[path] = len(text.encode())
         except (OSError, psutil.Error):
             continue
-    if sent:
-        time.sleep(wait_s)
+    if not sent:
+        return
+    end = time.time() + wait_s
+    while sent and time.time() < end:
+        sent = {p: n for p, n in sent.items() if _size(p) <= n}
+        if sent:
+            time.sleep(POLL_S)
+    if not sent:
+        time.sleep(DUMP_SETTLE_S)  # the last dump's final lines
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: Watch, t0: float,
