@@ -151,6 +151,20 @@ def test_a_cuda_fault_through_the_nccl_watchdog_stays_a_cause():
     assert (cause.rank, cause.kind, cause.exc_type) == (1, "signal", "SIGABRT")
 
 
+def test_a_rank_caught_writing_its_own_error_is_not_the_stuck_one():
+    """A peer whose gloo timeout has fired may still be in the guard's failure path, its error
+    file unwritten, when the teardown SIGTERM comes: its dump is outside any collective too, and
+    as the lower rank it would be named instead of the hung one."""
+    reporting = ('File "/repo/harness/rank/guard.py", line 153 in fail\n'
+                 'File "/repo/harness/rank/guard.py", line 167 in guarded')
+    hung = 'File "/repo/harness/rank/inject.py", line 77 in _fire'
+    exits = [F.RankExit(rank=2, pid=8, exitcode=-15, died_at=20.0, signalled=True, stack=reporting),
+             F.RankExit(rank=3, pid=9, exitcode=-15, died_at=20.0, signalled=True, stack=hung)]
+    cause, sec = F.classify("save", [err(0, GLOO_TIMEOUT, 19.9), err(1, GLOO_TIMEOUT, 19.95)], exits)
+    assert (cause.rank, cause.kind) == (3, "hang")
+    assert {s.rank for s in sec} == {0, 1, 2}
+
+
 def test_timeout_without_errors():
     exits = [F.RankExit(rank=r, stack='torch/distributed/distributed_c10d.py' if r != 2 else 'time.sleep') for r in range(4)]
     cause, sec = F.classify("load", [], exits, timed_out=True)

@@ -49,6 +49,12 @@ ELASTIC_SIGTERM = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
 CPP_WHAT = re.compile(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.*)")
 # A frame inside a collective in a faulthandler dump: the rank was waiting on peers, not stuck itself.
 IN_COLLECTIVE = re.compile(r"torch/distributed/(distributed_c10d|c10d_logger)\.py")
+# A frame of the rank guard's failure path (harness/rank/guard.py): the rank had raised and was
+# writing its error file when the teardown signal came, so it was not the one its peers waited
+# for. Once, on a loaded machine, a lower-numbered peer was named instead of the hung rank with
+# its stack "outside any collective"; a peer caught here is the one way the program allows that
+# (not reproduced in 6 tries since, so not shown to be that case).
+REPORTING_ITS_ERROR = re.compile(r'harness/rank/guard\.py", line \d+ in (fail|error_record)\b')
 
 
 # Primary failures of several ranks recorded within this many seconds of the earliest are
@@ -132,6 +138,11 @@ def _signal_name(n: int) -> str:
 
 def in_collective(stack: str) -> bool:
     return bool(IN_COLLECTIVE.search(stack or ""))
+
+
+def _waiting_or_reporting(stack: str) -> bool:
+    """The dump shows a rank in a collective, or reporting its own error: not a stuck rank."""
+    return in_collective(stack) or bool(REPORTING_ITS_ERROR.search(stack or ""))
 
 
 def _from_error(stage: str, e: dict) -> RankFailure:
@@ -243,9 +254,9 @@ def _stuck_rank(failures: list[RankFailure], exits: list[RankExit], timed_out: b
     killed = [f for f in failures if f.kind in (CauseKind.SIGNAL, CauseKind.HANG, CauseKind.TIMEOUT)]
     if not killed:
         return None
-    killed.sort(key=lambda f: (in_collective(stacks.get(f.rank, "")), not stacks.get(f.rank), f.rank))
+    killed.sort(key=lambda f: (_waiting_or_reporting(stacks.get(f.rank, "")), not stacks.get(f.rank), f.rank))
     f = killed[0]
-    if not in_collective(stacks.get(f.rank, "")):
+    if not _waiting_or_reporting(stacks.get(f.rank, "")):
         f.kind = f.exc_type = CauseKind.TIMEOUT if timed_out else CauseKind.HANG
         f.message = f"{f.message}; stuck outside any collective while peers waited"
     # peers gave up on it by an error of their own, or died by their NCCL watchdog's abort
