@@ -85,11 +85,8 @@ def main() -> None:
                     orphans += left
                 rows.append((kind, "guard" if guard else "plain", lat, right, orphans))
                 print(_row(*rows[-1], a.count), flush=True)
-    print(header)
-    med = {}
-    for kind, mode, lat, right, orphans in rows:
-        med[(kind, mode)] = statistics.median(lat) if lat else float("nan")
-        print(_row(kind, mode, lat, right, orphans, a.count))
+    med = {(kind, mode): statistics.median(lat) if lat else float("nan")
+           for kind, mode, lat, _, _ in rows}
     for kind in a.kinds.split(","):
         g, p = med[(kind, "guard")], med[(kind, "plain")]
         print(f"{kind}: plain/guard median teardown ratio = {p / g:.2f}" if g else f"{kind}: n/a")

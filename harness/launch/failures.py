@@ -259,9 +259,11 @@ def _stuck_rank(failures: list[RankFailure], exits: list[RankExit], timed_out: b
     if not _waiting_or_reporting(stacks.get(f.rank, "")):
         f.kind = f.exc_type = CauseKind.TIMEOUT if timed_out else CauseKind.HANG
         f.message = f"{f.message}; stuck outside any collective while peers waited"
-    # peers gave up on it by an error of their own, or died by their NCCL watchdog's abort
+    # peers gave up on it by an error of their own, or by a signal the teardown did not send
+    # (their NCCL watchdog's abort)
+    unsent = {x.rank for x in exits if not x.signalled}
     errs = [g.time for g in failures if g is not f and g.time
-            and (g.kind == CauseKind.EXCEPTION or (g.kind == CauseKind.SIGNAL and g.exc_type != "SIGTERM"))]
+            and (g.kind == CauseKind.EXCEPTION or (g.kind == CauseKind.SIGNAL and g.rank in unsent))]
     if errs and (f.time is None or f.time > min(errs)):
         f.time = min(errs)  # it was stuck at least since its peers gave up on it
     return f

@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.model.checkpoint import DEFAULT_STRICTNESS
 from harness.model.gpt import ModelSize
 from harness.model.recipes import DEFAULT_RECIPE
 from harness.records import Patch
@@ -27,7 +28,7 @@ class StageSpec:
     # "...experts.experts.16.linear_fc1.weight_quantizer._amax", as in the report).
     singleton_local_shards: bool = True
     strict_load: bool = True  # Megatron-LM's load_checkpoint default
-    dist_ckpt_strictness: str = "assume_ok_unexpected"  # Megatron-LM's --dist-ckpt-strictness default
+    dist_ckpt_strictness: str = DEFAULT_STRICTNESS  # Megatron-LM's --dist-ckpt-strictness default
     megatron_lm_load: bool = False  # strict load_state_dict, non-strict once more on error
     validate_sharding: bool = True  # megatron-core's default at save and load
     logits_reference: str = "save-topology"  # harness/check/logits.py LOGITS_REFERENCES

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.check.gaps import KnownGap, known_gaps
 from harness.check.plan import CellPlan
+from harness.model.checkpoint import DEFAULT_STRICTNESS
 from harness.model.gpt import ModelSize, default_size
 from harness.model.recipes import DEFAULT_RECIPE
 from harness.paths import GOLDEN_DIR, shown_path
@@ -36,7 +37,7 @@ class Scenario:
     strict_load: bool = True
     # megatron-core's StrictHandling for dist_checkpointing.load (Megatron-LM's
     # --dist-ckpt-strictness; the Nano QAD example reloads with log_all)
-    dist_ckpt_strictness: str = "assume_ok_unexpected"
+    dist_ckpt_strictness: str = DEFAULT_STRICTNESS
     # model.load_state_dict as Megatron-LM's load_checkpoint: strict, then non-strict on error
     megatron_lm_load: bool = False
     logits_reference: str = "save-topology"

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from harness.check.logits import LOGITS_REFERENCES
+from harness.model.checkpoint import DEFAULT_STRICTNESS
 from harness.model.gpt import ModelSize
 from harness.model.modules import HYBRID_PATTERN_RE, HYBRID_PATTERN_RULE, KINDS, SCORE_FUNCTIONS
 from harness.model.recipes import DEFAULT_RECIPE
@@ -92,7 +93,7 @@ class _ScenarioSchema(_Schema):
     singleton_local_shards: bool = True
     strict_load: bool = True
     # how the load reads the checkpoint, as the jobs do (harness/model/checkpoint.py)
-    dist_ckpt_strictness: Text = "assume_ok_unexpected"
+    dist_ckpt_strictness: Text = DEFAULT_STRICTNESS
     megatron_lm_load: bool = False
     logits_reference: Literal[LOGITS_REFERENCES] = "save-topology"
     known_gaps: list[_KnownGapSchema] = []
