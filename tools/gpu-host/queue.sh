@@ -4,9 +4,11 @@
 #   queue.sh start "VAR=x mode1" "mode2" ...   copy this tree to /root/queue/src and start there
 #   queue.sh start-file FILE                    the same, one entry a line ('#' lines skipped)
 #   queue.sh poll SECONDS                       wait until the queue ends or SECONDS pass, then
-#                                               pack what it has written so far into $OUT/queue.tgz
+#                                               pack what it has written so far into
+#                                               $OUT/<queue dir name>.tgz (queue.tgz by default)
 # Each entry is optional VAR=value words and a run.sh mode; its output lands in
-# $GPU_QUEUE_DIR/<n>-<mode>/ (default /root/queue, on the GPU host).
+# $GPU_QUEUE_DIR/<n>-<mode>/ (default /root/queue, on the GPU host); two queues with different
+# GPU_QUEUE_DIR run side by side (e.g. a CPU-bound compile beside GPU cells).
 set -uo pipefail
 Q=${GPU_QUEUE_DIR:-/root/queue}  # on the GPU host
 case "$1" in
@@ -39,6 +41,6 @@ case "$1" in
     [ -e "$Q/done" ] && echo "queue done" || echo "queue still running"
     # one file: a runner may bring back only a few files per call
     mkdir -p "${OUT:-/tmp/out}"
-    (cd "$Q" && tar czf "${OUT:-/tmp/out}/queue.tgz" progress $(ls -d [0-9]*-* 2>/dev/null))
+    (cd "$Q" && tar czf "${OUT:-/tmp/out}/$(basename "$Q").tgz" progress $(ls -d [0-9]*-* 2>/dev/null))
     tail -n 5 "$Q"/[0-9]*-*/log 2>/dev/null ;;
 esac

@@ -33,9 +33,10 @@
 #   nccl-cells issue 42 item 4: witness and fix cells (report, Nano, Ultra recipe) run with
 #              --nccl-shared-gpu, to compare with their gloo runs (equivalence --outcomes-only)
 #   mamba      issue 38 item 2: compile requirements/mamba.txt's sdists (carry .whl-mamba, staged by
-#              tools/gpu-host/stage-mamba.sh) with the host's nvcc into /root/site-mamba, bounded by
+#              tools/gpu-host/stage-mamba.sh) with the host's nvcc, for the host GPU's architecture
+#              only (tools/gpu-host/nvcc-one-arch.sh), into /root/site-mamba, bounded by
 #              MAMBA_BUILD_TIMEOUT_S (1500), import them, then run MAMBA_SCENARIOS
-#              (gpu-nano-hybrid-witness) with that dir first on PYTHONPATH. Not run yet.
+#              (gpu-nano-hybrid-witness) with that dir first on PYTHONPATH.
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 #   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
 #              cross: gpu-cross-topology (4 layers, 64 experts) and its 8-expert twin under
@@ -189,14 +190,23 @@ case "$1" in
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 ;;
   mamba)
     T=/root/site-mamba; mkdir -p $T; start=$(date +%s)
-    ls .whl-mamba/*.tar.gz > /dev/null || { echo "run.sh mamba: carry .whl-mamba (tools/gpu-host/stage-mamba.sh)" >&2; exit 2; }
+    ls .whl-mamba/*.tar.gz .whl-mamba/ninja-*.whl > /dev/null || { echo "run.sh mamba: carry .whl-mamba (tools/gpu-host/stage-mamba.sh)" >&2; exit 2; }
+    # ninja first: torch's cpp_extension takes PYTORCH_NVCC (one architecture, nvcc-one-arch.sh)
+    # only on its ninja path; without ninja it would compile 8 architectures one file at a time
+    python3 -m pip install --no-deps --no-index --target $T .whl-mamba/ninja-*.whl > "$OUT/mamba-build.log" 2>&1
+    export PATH=$T/bin:$PATH PYTHONPATH=$T${PYTHONPATH:+:$PYTHONPATH}
+    python3 -c "from torch.utils.cpp_extension import is_ninja_available as n; assert n()" || { echo "run.sh mamba: ninja not usable from $T" >&2; exit 1; }
+    export CUDA_HOME=$(python3 -c "from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME)")
+    export NVCC_ONE_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+    export PYTORCH_NVCC=$PWD_ROOT/tools/gpu-host/nvcc-one-arch.sh
+    echo "mamba build: CUDA_HOME $CUDA_HOME, sm_$NVCC_ONE_ARCH only, MAX_JOBS ${MAMBA_MAX_JOBS:-12}"
     # causal-conv1d first: mamba-ssm's build looks for it. No registry here: --no-index.
-    MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=${MAMBA_MAX_JOBS:-16} \
+    MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=${MAMBA_MAX_JOBS:-12} \
       timeout -s TERM ${MAMBA_BUILD_TIMEOUT_S:-1500} bash -c 'for s in .whl-mamba/einops-*.whl .whl-mamba/causal_conv1d-*.tar.gz .whl-mamba/mamba_ssm-*.tar.gz; do
-        python3 -m pip install --no-deps --no-build-isolation --no-index --target '"$T"' "$s" || exit 1; done' \
-      > "$OUT/mamba-build.log" 2>&1
+        python3 -m pip install -v --no-deps --no-build-isolation --no-index --target '"$T"' "$s" || exit 1; done' \
+      >> "$OUT/mamba-build.log" 2>&1
     echo "mamba build: rc $? wall $(( $(date +%s) - start )) s"; tail -n 3 "$OUT/mamba-build.log"
-    export PYTHONPATH=$T${PYTHONPATH:+:$PYTHONPATH}
+    grep -c -- '-gencode arch=compute_' "$OUT/mamba-build.log" | sed 's/^/mamba build: nvcc lines naming an arch: /'
     python3 -c "import mamba_ssm, causal_conv1d; print('mamba-ssm', mamba_ssm.__version__, '| causal-conv1d', causal_conv1d.__version__)" || exit 1
     $H run --label hybrid --jobs ${MAMBA_JOBS:-3} $(SCENARIOS=${MAMBA_SCENARIOS:-} scenarios gpu-nano-hybrid-witness) > "$OUT/hybrid.log" 2>&1
     echo "hybrid: rc $?"; grep -E '^- cells:|^results:' "$OUT/hybrid.log" ;;
