@@ -6,6 +6,8 @@ import pytest
 
 from harness.launch import failures as F
 
+DATA = Path(__file__).parent / "data"
+
 pytestmark = pytest.mark.cpu
 
 KEY = "decoder.layers.0.mlp.experts.experts.2.linear_fc1.weight_quantizer._amax"
@@ -216,3 +218,16 @@ def test_primaries_further_apart_than_the_window_keep_their_order():
     assert cause.rank == 2
     cause, _ = F.classify("load", [err(0, "boom B", 4.0 + F.SIMULTANEOUS_S / 2), err(2, "boom A", 4.0)], [])
     assert cause.rank == 0
+
+
+def test_ranks_waiting_on_a_torch_extension_build_lock_say_so():
+    """Every rank at the stage timeout inside torch's FileBaton.wait: the stack dump of a cut
+    cell on the H100 (20261206, a stale lock from a killed build). The cause names the lock and
+    what to do, not only "stuck outside any collective"."""
+    dump = (DATA / "stacks" / "build-lock-wait-h100-20261206.txt").read_text()
+    exits = [F.RankExit(rank=r, pid=10 + r, stack=dump) for r in range(4)]
+    cause, sec = F.classify("load", [], exits, timed_out=True)
+    assert (cause.rank, cause.kind) == (0, "timeout") and len(sec) == 3
+    assert "extension build lock" in cause.message and "'lock' file" in cause.message
+    busy = [F.RankExit(rank=r, stack='File "/x/prog.py", line 3 in body') for r in range(2)]
+    assert "build lock" not in F.classify("load", [], busy, timed_out=True)[0].message

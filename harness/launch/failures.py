@@ -55,6 +55,14 @@ IN_COLLECTIVE = re.compile(r"torch/distributed/(distributed_c10d|c10d_logger)\.p
 # its stack "outside any collective"; a peer caught here is the one way the program allows that
 # (not reproduced in 6 tries since, so not shown to be that case).
 REPORTING_ITS_ERROR = re.compile(r'harness/rank/guard\.py", line \d+ in (fail|error_record)\b')
+# A frame of torch's extension build lock (torch/utils/file_baton.py FileBaton.wait): the rank
+# waits for another process to build a CUDA extension (ModelOpt's modelopt_cuda_ext_fp8). A build
+# killed mid-way leaves the lock file, and then every later load waits forever (seen on the H100,
+# 20261206; harness/model/extensions.py).
+WAITING_ON_BUILD_LOCK = re.compile(r'torch/utils/file_baton\.py", line \d+ in wait\b')
+BUILD_LOCK_HINT = ("waiting on torch's extension build lock (torch/utils/file_baton.py): another "
+                   "process builds a CUDA extension, or a build killed earlier left its 'lock' file "
+                   "in the TORCH_EXTENSIONS_DIR build directory (remove it)")
 
 
 # Primary failures of several ranks recorded within this many seconds of the earliest are
@@ -259,6 +267,8 @@ def _stuck_rank(failures: list[RankFailure], exits: list[RankExit], timed_out: b
     if not _waiting_or_reporting(stacks.get(f.rank, "")):
         f.kind = f.exc_type = CauseKind.TIMEOUT if timed_out else CauseKind.HANG
         f.message = f"{f.message}; stuck outside any collective while peers waited"
+    if WAITING_ON_BUILD_LOCK.search(stacks.get(f.rank, "")):
+        f.message = f"{f.message}; {BUILD_LOCK_HINT}"
     # peers gave up on it by an error of their own, or by a signal the teardown did not send
     # (their NCCL watchdog's abort)
     unsent = {x.rank for x in exits if not x.signalled}

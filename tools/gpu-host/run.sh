@@ -64,6 +64,13 @@ H="python3 -m harness --results-root $R"
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 > "$OUT/gpu-memory-$1.csv" 2>/dev/null &
 SMI=$!
 trap 'kill $SMI 2>/dev/null' EXIT
+# ModelOpt's FP8 extension built before any cell, bounded (PRECOMPILE_TIMEOUT_S, 300): a stale
+# build lock made an unbounded one wait 12 minutes (20261206). precompile PYTHON LOG
+precompile() {
+  local start=$(date +%s)
+  timeout -s KILL ${PRECOMPILE_TIMEOUT_S:-300} "$1" -m harness.model.extensions > "$2" 2>&1
+  echo "precompile ($1): rc $? wall $(( $(date +%s) - start )) s: $(tail -n 1 "$2")"
+}
 # SCENARIOS / EQ_SCENARIOS: names separated by commas or spaces (commas fit a queue.sh entry)
 scenarios() { local l=${SCENARIOS:-$*}; for s in ${l//,/ }; do echo "--scenario $s"; done; }
 case "$1" in
@@ -112,12 +119,10 @@ case "$1" in
     [ ${#PIDS[@]} = 0 ] || wait "${PIDS[@]}" ;;
   recipes)  # issue 38: the jobs' recipes, RECIPE_PARTS (default 0.47.0-none,0.47.0-fix,0.48.0rc1-none)
     # at once, each bounded by RECIPE_PART_TIMEOUT_S (520); RECIPE_SCENARIOS_<patch> narrows.
-    # MSE calibration compiles ModelOpt's modelopt_cuda_ext_fp8 once per host (about 40 s):
-    # done first, so no stage pays it inside its timeout. Carry .whl-048.
-    start=$(date +%s)
-    # only the FP8 extension: precompile() builds every extension (159 s on the H100, 20261206)
-    mkdir -p $R; python3 -c "from modelopt.torch.quantization.extensions import get_cuda_ext_fp8; get_cuda_ext_fp8(raise_if_failed=True)" > $R/precompile.log 2>&1
-    echo "precompile: rc $? wall $(( $(date +%s) - start )) s"
+    # MSE calibration compiles ModelOpt's modelopt_cuda_ext_fp8 once per ModelOpt version (about
+    # 40 s), in that version's own TORCH_EXTENSIONS_DIR (harness/model/extensions.py): each part
+    # does it first, so no stage pays it inside its timeout. Carry .whl-048.
+    mkdir -p $R
     WIT=${RECIPE_SCENARIOS_none:-gpu-ultra-recipe-witness,gpu-ultra-modules-witness,gpu-nano-recipe-witness,gpu-super-recipe-witness}
     FIX=${RECIPE_SCENARIOS_fix:-gpu-ultra-recipe,gpu-nano-recipe,gpu-modules}
     recipe_part() {  # <modelopt>-<patch>[-mc<megatron-core>], e.g. 0.48.0rc1-none-mc0.16.1
@@ -130,6 +135,7 @@ case "$1" in
         [ -x "$py" ] || { echo "$part: no environment (tools/matrix-env.sh)"; return 1; }
       fi
       [ "$patch" = fix ] && sc=$FIX
+      precompile "$py" "$R/precompile-$part.log"
       timeout -s TERM ${RECIPE_PART_TIMEOUT_S:-520} $py -m harness --results-root $R run \
         --label recipes-$part --jobs ${RECIPE_JOBS:-3} $(SCENARIOS=$sc scenarios) $(c=${RECIPE_CELLS:-}; for g in ${c//,/ }; do echo "--cells $g"; done) > "$OUT/recipes-$part.log" 2>&1
       echo "$part: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$OUT/recipes-$part.log"
@@ -178,7 +184,7 @@ case "$1" in
   nccl-cells)  # NCCL_CELLS: cell-id globs, commas between (a comma inside an id: ?)
     start=$(date +%s)
     NCCL_CELLS=${NCCL_CELLS:-'*[save=tp2-etp1-ep2-pp1?save-only]','*[save=tp1-etp1-ep8-pp1?load=tp4-etp1-ep8-pp1]','*[save=tp4-etp1-ep8-pp1?save-only]','gpu-ultra-recipe*[save=tp4-etp1-ep8-pp1?load=tp2-etp?-ep4-pp1]'}
-    python3 -c "from modelopt.torch.quantization.extensions import get_cuda_ext_fp8; get_cuda_ext_fp8(raise_if_failed=True)" > /dev/null 2>&1
+    precompile python3 "$OUT/precompile.log"
     set -f  # the globs are for harness, not for this shell
     timeout -s TERM ${NCCL_CELLS_TIMEOUT_S:-540} $H run --nccl-shared-gpu --label nccl-cells --jobs ${NCCL_JOBS:-3} \
       --scenario gpu-witness --scenario gpu-fix --scenario gpu-nano-shape --scenario gpu-nano-shape-witness \
