@@ -29,14 +29,18 @@
 #   nccl-teardown  issue 42 item 3: NCCL ranks sharing the GPU; bench/teardown.py --nccl-shared-gpu
 #              (peers waiting in an all_reduce) at TEARDOWN_WORLDS (2 4 8), then gpu-nccl-teardown
 #              (worlds 2, 4, 8) once per TEARDOWN_INJECT item (raise during save, during load,
-#              hang); the table (tools/gpu-host/teardown_table.py) and what is left afterwards
+#              hang; `none`: the bench only); TEARDOWN_KINDS narrows the bench's kinds; the
+#              table (tools/gpu-host/teardown_table.py) and what is left afterwards
 #   nccl-cells issue 42 item 4: witness and fix cells (report, Nano, Ultra recipe) run with
 #              --nccl-shared-gpu, to compare with their gloo runs (equivalence --outcomes-only)
 #   mamba      issue 38 item 2: compile requirements/mamba.txt's sdists (carry .whl-mamba, staged by
 #              tools/gpu-host/stage-mamba.sh) with the host's nvcc, for the host GPU's architecture
 #              only (tools/gpu-host/nvcc-one-arch.sh), into /root/site-mamba, bounded by
-#              MAMBA_BUILD_TIMEOUT_S (1500), import them, then run MAMBA_SCENARIOS
-#              (gpu-nano-hybrid-witness) with that dir first on PYTHONPATH.
+#              MAMBA_BUILD_TIMEOUT_S (1500; 683 s on the H100's 16 cores), import them, then
+#              run the hybrid scenarios (gpu-nano-hybrid-witness unpatched, gpu-nano-hybrid with
+#              the fix) as recipes' MAMBA_PARTS (default 0.47.0-none,0.47.0-fix,0.48.0rc1-none,
+#              at once, each bounded by MAMBA_PART_TIMEOUT_S, 600) with that dir on PYTHONPATH.
+#   pause      sleep PAUSE_S (60): a second queue's first entry, so its load misses a timing
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 #   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
 #              cross: gpu-cross-topology (4 layers, 64 experts) and its 8-expert twin under
@@ -135,9 +139,9 @@ case "$1" in
         [ -x "$py" ] || { echo "$part: no environment (tools/matrix-env.sh)"; return 1; }
       fi
       [ "$patch" = fix ] && sc=$FIX
-      precompile "$py" "$R/precompile-$part.log"
+      [ "${RECIPE_PRECOMPILE:-1}" = 1 ] && precompile "$py" "$R/precompile-$part.log"
       timeout -s TERM ${RECIPE_PART_TIMEOUT_S:-520} $py -m harness --results-root $R run \
-        --label recipes-$part --jobs ${RECIPE_JOBS:-3} $(SCENARIOS=$sc scenarios) $(c=${RECIPE_CELLS:-}; for g in ${c//,/ }; do echo "--cells $g"; done) > "$OUT/recipes-$part.log" 2>&1
+        --label ${RECIPE_LABEL:-recipes}-$part --jobs ${RECIPE_JOBS:-3} $(SCENARIOS=$sc scenarios) $(c=${RECIPE_CELLS:-}; for g in ${c//,/ }; do echo "--cells $g"; done) > "$OUT/recipes-$part.log" 2>&1
       echo "$part: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$OUT/recipes-$part.log"
     }
     PIDS=()
@@ -166,11 +170,12 @@ case "$1" in
     for n in ${TEARDOWN_WORLDS:-2 4 8}; do
       PYTHONPATH=$PWD_ROOT${PYTHONPATH:+:$PYTHONPATH} timeout -s TERM ${TEARDOWN_BENCH_TIMEOUT_S:-200} \
         python3 bench/teardown.py --nccl-shared-gpu --nproc $n --count ${TEARDOWN_COUNT:-1} \
-        --kinds raise,sigkill,hang --pg-timeout 10 > "$P/bench-world$n.log" 2>&1 & PIDS+=($!)
+        --kinds ${TEARDOWN_KINDS:-raise,sigkill,hang} --pg-timeout 10 > "$P/bench-world$n.log" 2>&1 & PIDS+=($!)
     done; wait "${PIDS[@]}"
     for n in ${TEARDOWN_WORLDS:-2 4 8}; do echo "== bench world $n"; tail -n 12 "$P/bench-world$n.log"; done
     # TEARDOWN_INJECT: HARNESS_INJECT values separated by commas
     I=${TEARDOWN_INJECT:-raise:1:before_save,raise:1:before_load,hang:1:before_save}
+    [ "$I" = none ] && I=  # the bench only
     for inj in ${I//,/ }; do
       name=$(echo "$inj" | tr : -) start=$(date +%s)
       timeout -s TERM ${TEARDOWN_RUN_TIMEOUT_S:-240} env HARNESS_INJECT="$inj" HARNESS_PG_TIMEOUT_S=30 \
@@ -214,8 +219,13 @@ case "$1" in
     echo "mamba build: rc $? wall $(( $(date +%s) - start )) s"; tail -n 3 "$OUT/mamba-build.log"
     grep -c -- '-gencode arch=compute_' "$OUT/mamba-build.log" | sed 's/^/mamba build: nvcc lines naming an arch: /'
     python3 -c "import mamba_ssm, causal_conv1d; print('mamba-ssm', mamba_ssm.__version__, '| causal-conv1d', causal_conv1d.__version__)" || exit 1
-    $H run --label hybrid --jobs ${MAMBA_JOBS:-3} $(SCENARIOS=${MAMBA_SCENARIOS:-} scenarios gpu-nano-hybrid-witness) > "$OUT/hybrid.log" 2>&1
-    echo "hybrid: rc $?"; grep -E '^- cells:|^results:' "$OUT/hybrid.log" ;;
+    # the hybrid cells per MAMBA_PARTS (<modelopt>-<patch>[-mc<megatron-core>], as recipes' parts;
+    # the Nano recipe needs no FP8 extension), with /root/site-mamba on every part's PYTHONPATH
+    RECIPE_PARTS=${MAMBA_PARTS:-0.47.0-none,0.47.0-fix,0.48.0rc1-none} RECIPE_SCENARIOS_none=gpu-nano-hybrid-witness \
+      RECIPE_SCENARIOS_fix=gpu-nano-hybrid RECIPE_PRECOMPILE=0 RECIPE_LABEL=hybrid RECIPE_JOBS=${MAMBA_JOBS:-3} \
+      RECIPE_PART_TIMEOUT_S=${MAMBA_PART_TIMEOUT_S:-600} bash "$0" recipes ;;
+  pause)  # PAUSE_S (60): a queue's first entry, to keep its CPU load off the other queue's timing
+    sleep ${PAUSE_S:-60} ;;
   repro-modes)
     for m in fresh pool; do
       start=$(date +%s)
