@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.model.extensions import extensions_dir
+from harness.launch.extensions import extensions_dir
 from harness.paths import REPO_ROOT
 
 # Variables a parent torchrun/pytest-xdist might have set that would confuse the ranks.
@@ -28,7 +28,7 @@ def stage_env(stage: str, stage_dir: Path, timeout_s: float, pg_timeout_s: float
     # cuBLAS picks a fixed reduction order only with a fixed workspace; the logits probe runs
     # under torch's deterministic algorithms (harness/rank/logits.py), which ask for this
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    # ModelOpt's CUDA extensions in a directory of this ModelOpt version (harness/model/extensions.py)
+    # ModelOpt's CUDA extensions in a directory of this ModelOpt version (harness/launch/extensions.py)
     env["TORCH_EXTENSIONS_DIR"] = extensions_dir(env)
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env

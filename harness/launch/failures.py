@@ -58,7 +58,7 @@ REPORTING_ITS_ERROR = re.compile(r'harness/rank/guard\.py", line \d+ in (fail|er
 # A frame of torch's extension build lock (torch/utils/file_baton.py FileBaton.wait): the rank
 # waits for another process to build a CUDA extension (ModelOpt's modelopt_cuda_ext_fp8). A build
 # killed mid-way leaves the lock file, and then every later load waits forever (seen on the H100,
-# 20261206; harness/model/extensions.py).
+# 20261206; harness/launch/extensions.py).
 WAITING_ON_BUILD_LOCK = re.compile(r'torch/utils/file_baton\.py", line \d+ in wait\b')
 BUILD_LOCK_HINT = ("waiting on torch's extension build lock (torch/utils/file_baton.py): another "
                    "process builds a CUDA extension, or a build killed earlier left its 'lock' file "

@@ -70,6 +70,18 @@ def prestart_save_pools(cells, run: RunDir) -> int:
     return len(keys)
 
 
+def _warm_extensions(cells, out) -> None:
+    """ModelOpt's FP8 extension built once before the cells on CUDA that may need it
+    (harness/launch/extensions.py), not by the first such stage inside its timeout."""
+    from harness.launch.extensions import may_need_fp8_extension, warm_up
+    from harness.tiers import facts
+
+    on_cuda = {c.scenario.recipe for c in cells if facts(c.scenario.tier).cuda
+               and not skip_reason(c.scenario.tier, c.world, c.scenario.size, c.scenario.shared_gpu_nccl)}
+    if may_need_fp8_extension(on_cuda):
+        print(warm_up(), file=out, flush=True)
+
+
 def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=None,
               run_dir: RunDir | None = None) -> dict:
     """Run cells (skipping those this machine cannot run); print progress, then the table.
@@ -100,6 +112,7 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=None,
                                 time.monotonic() - start) + f"  {cell.id}: {rec.outcome}",
                   file=out, flush=True)
 
+    _warm_extensions(cells, out)
     try:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             list(pool.map(one, _phase_order([c for c in cells if c.load is None], Stage.SAVE)))

@@ -72,7 +72,7 @@ trap 'kill $SMI 2>/dev/null' EXIT
 # build lock made an unbounded one wait 12 minutes (20261206). precompile PYTHON LOG
 precompile() {
   local start=$(date +%s)
-  timeout -s KILL ${PRECOMPILE_TIMEOUT_S:-300} "$1" -m harness.model.extensions > "$2" 2>&1
+  timeout -s KILL ${PRECOMPILE_TIMEOUT_S:-300} "$1" -m harness.launch.extensions > "$2" 2>&1
   echo "precompile ($1): rc $? wall $(( $(date +%s) - start )) s: $(tail -n 1 "$2")"
 }
 # SCENARIOS / EQ_SCENARIOS: names separated by commas or spaces (commas fit a queue.sh entry)
@@ -124,7 +124,7 @@ case "$1" in
   recipes)  # issue 38: the jobs' recipes, RECIPE_PARTS (default 0.47.0-none,0.47.0-fix,0.48.0rc1-none)
     # at once, each bounded by RECIPE_PART_TIMEOUT_S (520); RECIPE_SCENARIOS_<patch> narrows.
     # MSE calibration compiles ModelOpt's modelopt_cuda_ext_fp8 once per ModelOpt version (about
-    # 40 s), in that version's own TORCH_EXTENSIONS_DIR (harness/model/extensions.py): each part
+    # 40 s), in that version's own TORCH_EXTENSIONS_DIR (harness/launch/extensions.py): each part
     # does it first, so no stage pays it inside its timeout. Carry .whl-048.
     mkdir -p $R
     WIT=${RECIPE_SCENARIOS_none:-gpu-ultra-recipe-witness,gpu-ultra-modules-witness,gpu-nano-recipe-witness,gpu-super-recipe-witness}

@@ -9,17 +9,24 @@ H100, 2026-12-06 (docs/runs/20261206-1003-device-session.md): ranks "Loaded exte
 modelopt_cuda_ext_fp8 in 68.5 seconds", two cells cut while waiting, then a precompile that
 waited 12 minutes on a stale lock.
 
-``python -m harness.model.extensions`` builds the FP8 extension into the stage's directory
-once, before any cell, so no stage pays the build inside its timeout.
+``python -m harness.launch.extensions`` builds the FP8 extension into the stages' directory;
+``harness run`` does it once, bounded, before GPU cells of a recipe that may need it
+(``warm_up``), so no stage pays the build (41-73 s on the H100) inside its timeout.
 """
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from harness.launch import bounded
 from harness.machine import version
+from harness.model.recipes import DEFAULT_RECIPE
+
+WARM_UP_TIMEOUT_S = 300  # a first build took 73 s on the H100; a stale lock waits forever
 
 # torch.utils.cpp_extension.get_default_build_root() on Linux: the user cache's torch_extensions
 _TORCH_DEFAULT_ROOT = ("XDG_CACHE_HOME", Path.home() / ".cache", "torch_extensions")
@@ -45,6 +52,28 @@ def precompile_fp8() -> int:
     print(f"modelopt_cuda_ext_fp8 in {os.environ['TORCH_EXTENSIONS_DIR']}: "
           f"{'loaded' if ok else 'NOT available'} after {time.monotonic() - start:.1f} s")
     return 0 if ok else 1
+
+
+def may_need_fp8_extension(recipes_on_cuda: set[str]) -> bool:
+    """Do cells on CUDA with these recipes possibly build the FP8 extension? The default recipe
+    (dynamic NVFP4, max calibration) uses ModelOpt's Triton kernel and builds none; MSE
+    calibration and FP8 quantizers do, and which a recipe uses is read from it only at
+    calibration, so any other recipe counts."""
+    return any(r != DEFAULT_RECIPE for r in recipes_on_cuda)
+
+
+def warm_up(timeout_s: float = WARM_UP_TIMEOUT_S) -> str:
+    """Build the FP8 extension in a child, bounded (its group killed past ``timeout_s``);
+    returns the line to print. A failure is not fatal: a stage then builds it itself."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": extensions_dir()}
+    done = bounded.run([sys.executable, "-m", "harness.launch.extensions"], timeout_s, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    last = ((done.stdout or "").strip().splitlines() or [""])[-1][:200]
+    if done.timed_out:
+        return (f"ModelOpt FP8 extension: not built within {timeout_s:.0f} s (killed); a stage "
+                f"that needs it builds it, or waits on a stale 'lock' in {env['TORCH_EXTENSIONS_DIR']}")
+    return last if done.returncode == 0 else f"ModelOpt FP8 extension: not available ({last})"
 
 
 if __name__ == "__main__":
