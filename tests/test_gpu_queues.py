@@ -1,0 +1,73 @@
+"""The next device session's queue files (tools/gpu-host/queues/next*.txt) name only what exists.
+
+Why: device minutes are the scarcest thing this project has (30 a session). A queue entry with a
+misspelt mode, scenario or cell glob runs nothing, and that is found only when the results come
+back; here it is found before the machine is started.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.scenario.scenarios import load_all
+
+pytestmark = pytest.mark.cpu
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_HOST = ROOT / "tools" / "gpu-host"
+QUEUES = sorted((GPU_HOST / "queues").glob("next*.txt"))
+SCENARIO_VARS = ("SCENARIOS", "EQ_SCENARIOS", "MAMBA_SCENARIOS", "RECIPE_SCENARIOS_none", "RECIPE_SCENARIOS_fix")
+CELL_VARS = ("RECIPE_CELLS", "NCCL_CELLS")
+PART_VARS = ("RECIPE_PARTS", "MAMBA_PARTS")
+# <modelopt>-<patch>[-mc<megatron-core>], as run.sh recipe_part reads it
+PART = re.compile(r"^\d+\.\d+\.\d+(rc\d+)?-(none|fix)(-mc\d+\.\d+\.\d+)?$")
+
+
+def _entries(path: Path) -> list[tuple[dict[str, str], str]]:
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        *words, mode = line.split()
+        out.append((dict(w.split("=", 1) for w in words), mode))
+    return out
+
+
+def _modes() -> set[str]:
+    return set(re.findall(r"^  ([a-z0-9-]+)\)", (GPU_HOST / "run.sh").read_text(), re.M))
+
+
+def test_there_is_a_next_queue():
+    assert QUEUES, "tools/gpu-host/queues/next.txt: the next device session's queue"
+
+
+@pytest.mark.parametrize("queue", QUEUES, ids=lambda p: p.name)
+def test_each_entry_names_a_mode_scenarios_parts_and_cells_that_exist(queue):
+    modes, scenarios = _modes(), load_all()
+    names = {s.name for s in scenarios}
+    cell_ids = [c.id for s in scenarios for c in s.cells()]
+    for env, mode in _entries(queue):
+        where = f"{queue.name}: entry '{mode}'"
+        assert mode in modes, f"{where}: run.sh has no mode {mode}"
+        for var in SCENARIO_VARS:
+            for name in filter(None, env.get(var, "").split(",")):
+                assert name in names, f"{where}: {var} names no scenario {name}"
+        for var in PART_VARS:
+            for part in filter(None, env.get(var, "").split(",")):
+                assert PART.match(part), f"{where}: {var} part {part} is not <modelopt>-<patch>[-mc<mcore>]"
+        for var in CELL_VARS:
+            for glob in filter(None, env.get(var, "").split(",")):
+                # a cell id's brackets are literal for harness (harness/run/cells.py select_cells)
+                literal = glob.replace("[", "\0").replace("]", "[]]").replace("\0", "[[]")
+                assert any(fnmatch.fnmatchcase(c, literal) for c in cell_ids), \
+                    f"{where}: {var} glob {glob} matches no cell"
+
+
+def test_the_check_catches_a_misspelt_scenario(tmp_path):
+    bad = tmp_path / "next.txt"
+    bad.write_text("RECIPE_SCENARIOS_none=gpu-ultra-recipe-witnes recipes\n")
+    with pytest.raises(AssertionError, match="names no scenario gpu-ultra-recipe-witnes"):
+        test_each_entry_names_a_mode_scenarios_parts_and_cells_that_exist(bad)
