@@ -7,6 +7,10 @@ own teardown, attributed by its "Root Cause" block, which is what the guard repl
 ``--nccl-shared-gpu``: the same on NCCL (CUDA tensors, every rank on GPU 0 with its own NCCL
 host id, harness/rank/shared_gpu.py; GPU host only, kinds raise, sigkill, hang), and afterwards
 the GPU's compute processes as nvidia-smi lists them (none of ours may be left).
+``--deaf-peers``: the injected rank's peers ignore SIGTERM and wait outside Python (as NCCL
+ranks blocked in a collective do), so only the final kill ends them; ``--compare-term-grace``
+then times that kill's SIGTERM grace before (TERM_GRACE_S) and since a primary error shortens
+it (CAUSE_KNOWN_TERM_GRACE_S, harness/launch/torchrun.py), guarded both, side by side.
 Figures only, no timed asserts.
 """
 from __future__ import annotations
@@ -17,6 +21,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from harness.launch import torchrun
 from harness.launch.torchrun import run_stage
 
 PROGRAM = "tests.rank_programs.collectives"
@@ -52,7 +57,7 @@ def one(tmp: Path, kind: str, k: int, nproc: int, guard: bool, pg_timeout: float
 def _row(kind: str, mode: str, lat: list, right: int, orphans: int, count: int) -> str:
     m = statistics.median(lat) if lat else float("nan")
     mx = max(lat) if lat else float("nan")
-    return f"{kind:9} {mode:6} {len(lat):>3} {m:>9.2f} {mx:>7.2f} {right:>3}/{count:<2} {orphans:>7}"
+    return f"{kind:9} {mode:7} {len(lat):>3} {m:>9.2f} {mx:>7.2f} {right:>3}/{count:<2} {orphans:>7}"
 
 
 def main() -> None:
@@ -66,31 +71,46 @@ def main() -> None:
                          "then teardown) instead of by the peers' collective timeout")
     ap.add_argument("--nccl-shared-gpu", action="store_true",
                     help="NCCL ranks sharing GPU 0, each its own host (GPU host only)")
+    ap.add_argument("--deaf-peers", action="store_true",
+                    help="the injected rank's peers ignore SIGTERM (tests/rank_programs/collectives.py)")
+    ap.add_argument("--compare-term-grace", action="store_true",
+                    help="modes: the final kill's SIGTERM grace before and since a known cause "
+                         "shortens it, instead of guard and plain")
     a = ap.parse_args()
     env = nccl_shared_env() if a.nccl_shared_gpu else None
-    print(f"backend: {'nccl, ' + str(a.nproc) + ' ranks on one GPU' if env else 'gloo'}")
+    if a.deaf_peers:
+        env = {**(env or {}), "HARNESS_DEAF_PEERS": "1"}
+    # (mode, guarded, the final kill's grace once a cause is known); the ratio is second/first
+    modes = ([(f"term{torchrun.CAUSE_KNOWN_TERM_GRACE_S:g}", True, torchrun.CAUSE_KNOWN_TERM_GRACE_S),
+              (f"term{torchrun.TERM_GRACE_S:g}", True, torchrun.TERM_GRACE_S)]
+             if a.compare_term_grace else
+             [("guard", True, torchrun.CAUSE_KNOWN_TERM_GRACE_S), ("plain", False, torchrun.CAUSE_KNOWN_TERM_GRACE_S)])
+    print(f"backend: {'nccl, ' + str(a.nproc) + ' ranks on one GPU' if a.nccl_shared_gpu else 'gloo'}"
+          + (", peers deaf to SIGTERM" if a.deaf_peers else ""))
     rows = []
-    header = f"{'kind':9} {'mode':6} {'n':>3} {'median s':>9} {'max s':>7} {'right':>6} {'orphans':>7}"
+    header = f"{'kind':9} {'mode':7} {'n':>3} {'median s':>9} {'max s':>7} {'right':>6} {'orphans':>7}"
     print(header, flush=True)  # each row as it is done: a bound that cuts the bench keeps them
     with tempfile.TemporaryDirectory() as td:
         for kind in a.kinds.split(","):
-            for guard in (True, False):
+            for mode, guard, grace in modes:
+                torchrun.CAUSE_KNOWN_TERM_GRACE_S = grace
                 lat, right, orphans = [], 0, 0
                 for i in range(a.count):
                     k = (i % (a.nproc - 1)) + 1 if i % 2 else 0
-                    t, ok, left = one(Path(td) / f"{kind}-{guard}-{i}", kind, k, a.nproc, guard,
+                    t, ok, left = one(Path(td) / f"{kind}-{mode}-{i}", kind, k, a.nproc, guard,
                                       a.pg_timeout, env, a.stage_timeout)
                     lat += [t] if t is not None else []
                     right += ok
                     orphans += left
-                rows.append((kind, "guard" if guard else "plain", lat, right, orphans))
+                rows.append((kind, mode, lat, right, orphans))
                 print(_row(*rows[-1], a.count), flush=True)
     med = {(kind, mode): statistics.median(lat) if lat else float("nan")
            for kind, mode, lat, _, _ in rows}
+    (first, *_), (second, *_) = modes
     for kind in a.kinds.split(","):
-        g, p = med[(kind, "guard")], med[(kind, "plain")]
-        print(f"{kind}: plain/guard median teardown ratio = {p / g:.2f}" if g else f"{kind}: n/a")
-    if env:
+        f, s = med[(kind, first)], med[(kind, second)]
+        print(f"{kind}: {second}/{first} median teardown ratio = {s / f:.2f}" if f else f"{kind}: n/a")
+    if a.nccl_shared_gpu:
         print("GPU compute processes after:", gpu_processes() or "(nvidia-smi lists none)")
 
 

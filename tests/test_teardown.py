@@ -121,3 +121,32 @@ def test_repeated_injections(tmp_path, kind):
         r = run(tmp_path / str(i), f"{kind}:{k}:{'after_build' if i % 2 else 'before_load'}", timeout_s=60,
                 pg_timeout_s=pg_timeout_for(kind))
         check(r, kind, k, 4)
+
+
+def test_peers_deaf_to_sigterm_are_killed_and_labelled(tmp_path):
+    """NCCL ranks blocked in a collective take no Python signal; here the peers of the raising
+    rank ignore SIGTERM (tests/rank_programs/collectives.py): only the final kill ends them, and
+    the raise stays the cause (its time: bench/teardown.py --deaf-peers --compare-term-grace)."""
+    r = run_stage("save", tmp_path / "save", 4, [], 90.0, rank_module=PROGRAM, pg_timeout_s=PG_TIMEOUT_S,
+                  env={"HARNESS_INJECT": "raise:2:before_save", "HARNESS_DEAF_PEERS": "1"})
+    info = r.summary()
+    assert (r.cause.rank, r.cause.kind, r.cause.exc_type) == (2, "exception", "RuntimeError"), info
+    assert sorted(s.rank for s in r.secondaries) == [0, 1, 3] and all(s.secondary for s in r.secondaries), info
+    assert r.leftovers == [] and not r.timed_out, info
+
+
+def test_the_final_kill_is_quick_once_a_primary_error_is_on_file(tmp_path):
+    import json
+
+    from harness.launch import torchrun
+
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    assert torchrun.term_grace_s(tmp_path) == torchrun.TERM_GRACE_S  # nothing on file
+    (errors / "rank1.json").write_text(json.dumps(
+        {"rank": 1, "exc_type": "RuntimeError", "message": "Connection closed by peer"}))
+    assert torchrun.term_grace_s(tmp_path) == torchrun.TERM_GRACE_S  # a peer's fallout only
+    (errors / "rank2.json").write_text(json.dumps(
+        {"rank": 2, "exc_type": "RuntimeError", "message": "injected failure at before_save"}))
+    assert torchrun.term_grace_s(tmp_path) == torchrun.CAUSE_KNOWN_TERM_GRACE_S
+    assert torchrun.CAUSE_KNOWN_TERM_GRACE_S < torchrun.TERM_GRACE_S

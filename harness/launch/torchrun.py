@@ -28,6 +28,13 @@ from harness.launch.teardown import (POLL_S, Watch, agent_pids, alive, discover,
 from harness.records import StageCause, StageResult
 
 DUMP_SETTLE_S = 0.1  # after a stack dump file grew: faulthandler's last lines
+# The final kill's SIGTERM grace, after the tier's grace ran out: a rank that takes the SIGTERM
+# writes its own error file, a label. Once a primary error is on file, the peers' files add
+# nothing, and a rank blocked in a C++ collective (NCCL) takes no Python signal anyway: NCCL
+# ranks sharing the H100 sat out the whole second, 1.93-2.07 s from first failure to all gone at
+# world 8 against the 2 s goal (docs/runs/20261206-0758-device-session.md).
+TERM_GRACE_S = 1.0
+CAUSE_KNOWN_TERM_GRACE_S = 0.2
 
 
 @dataclass
@@ -148,13 +155,21 @@ def supervise(stage: str, stage_dir: Path, proc, t0: float, timeout_s: float, gr
                     and proc.poll() is None and done())
     finally:
         if not finished:
-            kill_session(proc, w, grace_s=0.0 if timed_out else 1.0)
+            kill_session(proc, w, grace_s=0.0 if timed_out else term_grace_s(stage_dir))
     all_gone = time.time()
     leftovers = [] if finished else reap_leftovers(agent_pids(proc), w)
     if before_collect:
         before_collect()
     return _collect(stage, stage_dir, proc, w, t0, all_gone, timed_out and not w.interrupted,
                     leftovers, returncode=0 if finished else proc.returncode)
+
+
+def term_grace_s(stage_dir: Path) -> float:
+    """The final kill's SIGTERM grace: short once a rank has filed a primary error (TERM_GRACE_S)."""
+    errors = _read_jsons(stage_dir / "errors").values()
+    known = any(F.secondary_reason(str(e.get("message", "")), str(e.get("exc_type", ""))) is None
+                for e in errors)
+    return CAUSE_KNOWN_TERM_GRACE_S if known else TERM_GRACE_S
 
 
 def _watch(proc: subprocess.Popen, stage_dir: Path, w: Watch, t0: float, timeout_s: float,

@@ -8,7 +8,9 @@ default; ``HARNESS_COLLECTIVES_BACKEND=nccl`` runs NCCL on CUDA tensors (bench/t
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -19,6 +21,10 @@ from harness.rank.guard import pg_timeout_s, rank_main
 
 
 STARTUP_TIMEOUT_S = 300.0
+# =1: the injected rank's peers ignore SIGTERM and wait outside Python at the injection point,
+# as NCCL ranks blocked in a collective do (their Python signal handler never runs): only a
+# SIGKILL ends them (bench/teardown.py --deaf-peers)
+DEAF_PEERS_ENV = "HARNESS_DEAF_PEERS"
 
 
 def wait_for_every_rank() -> None:
@@ -57,6 +63,9 @@ def body() -> dict:
     inject.point("after_build")
     dist.barrier()
     inject.point("before_save")
+    if os.environ.get(DEAF_PEERS_ENV) == "1":  # the injected rank failed above; its peers:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(STARTUP_TIMEOUT_S)
     t2 = torch.ones(16, device=dev)
     dist.all_reduce(t2)
     dist.barrier()
