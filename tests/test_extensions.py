@@ -1,4 +1,5 @@
 """The stages' TORCH_EXTENSIONS_DIR: one directory per ModelOpt version (harness/launch/extensions.py)."""
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,8 @@ from harness.launch.extensions import extensions_dir
 
 pytestmark = pytest.mark.cpu
 
-NAME = f"nvidia-modelopt-{version('nvidia-modelopt') or 'absent'}"
+NAME = (f"nvidia-modelopt-{version('nvidia-modelopt')}-py{sys.version_info[0]}{sys.version_info[1]}"
+        f"-torch{version('torch')}")
 
 
 def test_a_version_directory_under_the_users_root_or_torchs_default():

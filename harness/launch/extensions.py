@@ -35,8 +35,11 @@ _TORCH_DEFAULT_ROOT = ("XDG_CACHE_HOME", Path.home() / ".cache", "torch_extensio
 def extensions_dir(environ: Mapping[str, str] = os.environ) -> str:
     """The ``TORCH_EXTENSIONS_DIR`` for stages of this ModelOpt version: a subdirectory named
     after it, under the user's ``TORCH_EXTENSIONS_DIR`` when set, else under torch's default
-    root. Idempotent: a directory already named for this version is kept."""
-    name = f"nvidia-modelopt-{version('nvidia-modelopt') or 'absent'}"
+    root. The name also carries the Python and torch versions, as torch's default root carries
+    its Python and CUDA tags: a build for another torch must not be loaded. Idempotent: a
+    directory already so named is kept."""
+    name = (f"nvidia-modelopt-{version('nvidia-modelopt') or 'absent'}"
+            f"-py{sys.version_info[0]}{sys.version_info[1]}-torch{version('torch') or 'absent'}")
     var, home_cache, leaf = _TORCH_DEFAULT_ROOT
     root = environ.get("TORCH_EXTENSIONS_DIR") or str(Path(environ.get(var) or home_cache) / leaf)
     return root if Path(root).name == name else str(Path(root) / name)

@@ -165,7 +165,8 @@ def supervise(stage: str, stage_dir: Path, proc, t0: float, timeout_s: float, gr
 
 
 def term_grace_s(stage_dir: Path) -> float:
-    """The final kill's SIGTERM grace: short once a rank has filed a primary error (TERM_GRACE_S)."""
+    """The final kill's SIGTERM grace: CAUSE_KNOWN_TERM_GRACE_S once a rank has filed a primary
+    error (one no SECONDARY pattern matches, harness/launch/failures.py), else TERM_GRACE_S."""
     errors = _read_jsons(stage_dir / "errors").values()
     known = any(F.secondary_reason(str(e.get("message", "")), str(e.get("exc_type", ""))) is None
                 for e in errors)
