@@ -217,7 +217,6 @@ case "$1" in
         python3 -m pip install -v --no-deps --no-build-isolation --no-index --target '"$T"' "$s" || exit 1; done' \
       >> "$OUT/mamba-build.log" 2>&1
     echo "mamba build: rc $? wall $(( $(date +%s) - start )) s"; tail -n 3 "$OUT/mamba-build.log"
-    grep -c -- '-gencode arch=compute_' "$OUT/mamba-build.log" | sed 's/^/mamba build: nvcc lines naming an arch: /'
     python3 -c "import mamba_ssm, causal_conv1d; print('mamba-ssm', mamba_ssm.__version__, '| causal-conv1d', causal_conv1d.__version__)" || exit 1
     # the hybrid cells per MAMBA_PARTS (<modelopt>-<patch>[-mc<megatron-core>], as recipes' parts;
     # the Nano recipe needs no FP8 extension), with /root/site-mamba on every part's PYTHONPATH
