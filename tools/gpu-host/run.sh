@@ -40,6 +40,9 @@
 #              run the hybrid scenarios (gpu-nano-hybrid-witness unpatched, gpu-nano-hybrid with
 #              the fix) as recipes' MAMBA_PARTS (default 0.47.0-none,0.47.0-fix,0.48.0rc1-none,
 #              at once, each bounded by MAMBA_PART_TIMEOUT_S, 600) with that dir on PYTHONPATH.
+#   mamba-wheels  the wheels `mamba` compiled on this lease, into $OUT (15 MiB parts): carried
+#              back as .whl-mamba/built (tools/gpu-host/stage-mamba.sh --built), the next `mamba`
+#              installs them instead of compiling (683 s on 16 cores)
 #   pause      sleep PAUSE_S (60): a second queue's first entry, so its load misses a timing
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 #   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
@@ -200,29 +203,47 @@ case "$1" in
     d=$(ls -d $R/*-nccl-cells | tail -1); cp "$d/results.json" "$OUT/nccl-cells.results.json"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 ;;
   mamba)
-    T=/root/site-mamba; mkdir -p $T; start=$(date +%s)
+    T=/root/site-mamba W=${MAMBA_WHEEL_DIR:-/root/mamba-wheels}; mkdir -p $T $W; start=$(date +%s)
     ls .whl-mamba/*.tar.gz .whl-mamba/ninja-*.whl > /dev/null || { echo "run.sh mamba: carry .whl-mamba (tools/gpu-host/stage-mamba.sh)" >&2; exit 2; }
-    # ninja first: torch's cpp_extension takes PYTORCH_NVCC (one architecture, nvcc-one-arch.sh)
-    # only on its ninja path; without ninja it would compile 8 architectures one file at a time
-    python3 -m pip install --no-deps --no-index --target $T .whl-mamba/ninja-*.whl > "$OUT/mamba-build.log" 2>&1
     export PATH=$T/bin:$PATH PYTHONPATH=$T${PYTHONPATH:+:$PYTHONPATH}
-    python3 -c "from torch.utils.cpp_extension import is_ninja_available as n; assert n()" || { echo "run.sh mamba: ninja not usable from $T" >&2; exit 1; }
-    export CUDA_HOME=$(python3 -c "from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME)")
-    export NVCC_ONE_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-    export PYTORCH_NVCC=$PWD_ROOT/tools/gpu-host/nvcc-one-arch.sh
-    echo "mamba build: CUDA_HOME $CUDA_HOME, sm_$NVCC_ONE_ARCH only, MAX_JOBS ${MAMBA_MAX_JOBS:-12}"
-    # causal-conv1d first: mamba-ssm's build looks for it. No registry here: --no-index.
-    MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=${MAMBA_MAX_JOBS:-12} \
-      timeout -s TERM ${MAMBA_BUILD_TIMEOUT_S:-1500} bash -c 'for s in .whl-mamba/einops-*.whl .whl-mamba/causal_conv1d-*.tar.gz .whl-mamba/mamba_ssm-*.tar.gz; do
-        python3 -m pip install -v --no-deps --no-build-isolation --no-index --target '"$T"' "$s" || exit 1; done' \
-      >> "$OUT/mamba-build.log" 2>&1
-    echo "mamba build: rc $? wall $(( $(date +%s) - start )) s"; tail -n 3 "$OUT/mamba-build.log"
+    if ls .whl-mamba/built/mamba_ssm-*.whl .whl-mamba/built/causal_conv1d-*.whl > /dev/null 2>&1; then
+      # compiled on an earlier lease for this host's torch and GPU (`mamba-wheels` brought them back)
+      python3 -m pip install --no-deps --no-index --target $T .whl-mamba/einops-*.whl .whl-mamba/built/*.whl > "$OUT/mamba-build.log" 2>&1
+      echo "mamba: the carried built wheels installed (.whl-mamba/built), rc $?, no compile"
+    else
+      # ninja first: torch's cpp_extension takes PYTORCH_NVCC (one architecture, nvcc-one-arch.sh)
+      # only on its ninja path; without ninja it would compile 8 architectures one file at a time
+      python3 -m pip install --no-deps --no-index --target $T .whl-mamba/ninja-*.whl > "$OUT/mamba-build.log" 2>&1
+      python3 -c "from torch.utils.cpp_extension import is_ninja_available as n; assert n()" || { echo "run.sh mamba: ninja not usable from $T" >&2; exit 1; }
+      export CUDA_HOME=$(python3 -c "from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME)")
+      export NVCC_ONE_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+      export PYTORCH_NVCC=$PWD_ROOT/tools/gpu-host/nvcc-one-arch.sh
+      echo "mamba build: CUDA_HOME $CUDA_HOME, sm_$NVCC_ONE_ARCH only, MAX_JOBS ${MAMBA_MAX_JOBS:-12}"
+      # each sdist built into a wheel in $W (kept for `mamba-wheels`), then installed; causal-conv1d
+      # first: mamba-ssm's build looks for it. No registry here: --no-index.
+      MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=${MAMBA_MAX_JOBS:-12} \
+        timeout -s TERM ${MAMBA_BUILD_TIMEOUT_S:-1500} bash -c 'python3 -m pip install --no-deps --no-index --target '"$T"' .whl-mamba/einops-*.whl || exit 1
+          for s in .whl-mamba/causal_conv1d-*.tar.gz .whl-mamba/mamba_ssm-*.tar.gz; do
+            python3 -m pip wheel -v --no-deps --no-build-isolation --no-index -w '"$W"' "$s" || exit 1
+            n=$(basename "$s" .tar.gz); python3 -m pip install --no-deps --no-index --target '"$T"' '"$W"'/${n%%-*}-*.whl || exit 1
+          done' >> "$OUT/mamba-build.log" 2>&1
+      echo "mamba build: rc $? wall $(( $(date +%s) - start )) s; wheels in $W: $(cd $W && ls -s --block-size=M *.whl 2>/dev/null | tr '\n' ' ')"
+      tail -n 3 "$OUT/mamba-build.log"
+    fi
     python3 -c "import mamba_ssm, causal_conv1d; print('mamba-ssm', mamba_ssm.__version__, '| causal-conv1d', causal_conv1d.__version__)" || exit 1
     # the hybrid cells per MAMBA_PARTS (<modelopt>-<patch>[-mc<megatron-core>], as recipes' parts;
     # the Nano recipe needs no FP8 extension), with /root/site-mamba on every part's PYTHONPATH
     RECIPE_PARTS=${MAMBA_PARTS:-0.47.0-none,0.47.0-fix,0.48.0rc1-none} RECIPE_SCENARIOS_none=gpu-nano-hybrid-witness \
       RECIPE_SCENARIOS_fix=gpu-nano-hybrid RECIPE_PRECOMPILE=0 RECIPE_LABEL=hybrid RECIPE_JOBS=${MAMBA_JOBS:-3} \
       RECIPE_PART_TIMEOUT_S=${MAMBA_PART_TIMEOUT_S:-600} bash "$0" recipes ;;
+  mamba-wheels)  # the wheels `mamba` compiled, into $OUT (at most 16 MiB a file comes back:
+    # larger ones in parts, joined here by tools/gpu-host/stage-mamba.sh --built DIR)
+    W=${MAMBA_WHEEL_DIR:-/root/mamba-wheels}
+    ls $W/*.whl > /dev/null || { echo "run.sh mamba-wheels: nothing in $W (run.sh mamba first, on this lease)" >&2; exit 2; }
+    for f in $W/*.whl; do
+      if [ $(stat -c %s "$f") -le $((15 * 1024 * 1024)) ]; then cp "$f" "$OUT/"
+      else split -b 15M -d "$f" "$OUT/$(basename "$f").part"; fi
+    done; ls -la "$OUT" ;;
   pause)  # PAUSE_S (60): a queue's first entry, to keep its CPU load off the other queue's timing
     sleep ${PAUSE_S:-60} ;;
   repro-modes)
