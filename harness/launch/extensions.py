@@ -28,8 +28,6 @@ from harness.model.recipes import DEFAULT_RECIPE
 
 WARM_UP_TIMEOUT_S = 300  # a first build took 73 s on the H100; a stale lock waits forever
 
-# torch.utils.cpp_extension.get_default_build_root() on Linux: the user cache's torch_extensions
-_TORCH_DEFAULT_ROOT = ("XDG_CACHE_HOME", Path.home() / ".cache", "torch_extensions")
 
 
 def extensions_dir(environ: Mapping[str, str] = os.environ) -> str:
@@ -40,8 +38,9 @@ def extensions_dir(environ: Mapping[str, str] = os.environ) -> str:
     directory already so named is kept."""
     name = (f"nvidia-modelopt-{version('nvidia-modelopt') or 'absent'}"
             f"-py{sys.version_info[0]}{sys.version_info[1]}-torch{version('torch') or 'absent'}")
-    var, home_cache, leaf = _TORCH_DEFAULT_ROOT
-    root = environ.get("TORCH_EXTENSIONS_DIR") or str(Path(environ.get(var) or home_cache) / leaf)
+    # torch's default root on Linux (cpp_extension.get_default_build_root): the user cache's
+    root = environ.get("TORCH_EXTENSIONS_DIR") or str(
+        Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions")
     return root if Path(root).name == name else str(Path(root) / name)
 
 

@@ -7,13 +7,16 @@
 set -euo pipefail
 keep=${NVCC_ONE_ARCH:?set NVCC_ONE_ARCH, e.g. 90}
 real=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
-args=()
+args=() given=0 kept=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -gencode) spec=$2; shift 2 ;;
     -gencode=*) spec=${1#-gencode=}; shift ;;
     *) args+=("$1"); shift; continue ;;
   esac
-  [[ "$spec" == "arch=compute_${keep},"* ]] && args+=(-gencode "$spec")
+  given=$((given + 1))
+  if [[ "$spec" == "arch=compute_${keep},"* ]]; then args+=(-gencode "$spec"); kept=$((kept + 1)); fi
 done
+# architectures asked for, none of them this one: nvcc would build its default silently
+[ $given = 0 ] || [ $kept -gt 0 ] || { echo "nvcc-one-arch.sh: none of the $given -gencode architectures is compute_$keep (NVCC_ONE_ARCH)" >&2; exit 2; }
 exec "$real" "${args[@]}"
