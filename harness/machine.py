@@ -12,6 +12,7 @@ import os
 import platform
 import re
 from enum import StrEnum
+from pathlib import Path
 from typing import NamedTuple
 
 from harness.tiers import TIERS, facts
@@ -156,16 +157,34 @@ def skip_kind(reason: str | None) -> SkipKind | None:
 
 def model_skip_reason(size) -> str | None:
     """Why this machine cannot build ``size``'s optional modules, in one line: a package they
-    need (harness/model/modules.py ``packages_needed``) is not installed. Looked up, not
+    need (harness/model/modules.py ``packages_needed``) is not installed, or the installed
+    megatron-core lacks a module they build from (``megatron_files_needed``). Looked up, not
     imported: the controller touches no GPU library (a broken install fails in its stage)."""
     import importlib.util
 
-    from harness.model.modules import packages_needed
+    from harness.model.modules import megatron_files_needed, packages_needed
 
     missing = [f"needs {package}: {why}, and it is not installed"
                for module, package, why in packages_needed(size)
                if importlib.util.find_spec(module) is None]
+    core = _megatron_core_dir()
+    missing += [f"needs megatron/core/{rel} ({what}), which megatron-core {version('megatron-core')} "
+                "does not have" for rel, what in megatron_files_needed(size)
+                if core is not None and not (core / rel).is_file()]
     return "; ".join(missing) or None
+
+
+def _megatron_core_dir() -> Path | None:
+    """megatron/core/ of the installed megatron-core, found without importing it (its __init__
+    imports torch and Transformer Engine), or None when none is installed."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("megatron.core")
+    except ImportError:  # no megatron at all
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
 
 
 def skip_reason(tier: str, world: int = 1, size=None, shared_gpu_nccl: bool = False) -> str | None:

@@ -137,6 +137,32 @@ def test_without_mamba_ssm_a_hybrid_cell_is_skipped_with_one_line(tmp_path, monk
     assert machine.model_skip_reason(ModelSize(kind="hybrid", hybrid_layer_pattern="*E")) is None  # no Mamba
 
 
+def test_a_megatron_core_without_hybrid_model_skips_a_hybrid_cell_with_one_line(tmp_path, monkeypatch):
+    """megatron-core 0.16.1 ships models/mamba/ (MambaModel), not models/hybrid/: a hybrid cell
+    there is skipped naming the missing files, not failed deep in its stage."""
+    size = load_scenario(_hybrid_scenario(tmp_path)).size
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",  # mamba-ssm and einops "installed"
+                        lambda name, *a: object() if name in ("mamba_ssm", "einops") else real(name, *a))
+    monkeypatch.setattr(machine, "_megatron_core_dir", lambda: tmp_path)  # a release without them
+    reason = machine.model_skip_reason(size)
+    assert "\n" not in reason and reason.count("does not have") == 2
+    assert "megatron/core/models/hybrid/hybrid_model.py" in reason
+    assert "megatron/core/post_training/modelopt/hybrid/model_specs.py" in reason
+    assert machine.model_skip_reason(GPU_SIZE) is None  # a plain GPT needs neither
+    (tmp_path / "models/hybrid").mkdir(parents=True)
+    (tmp_path / "models/hybrid/hybrid_model.py").write_text("")
+    (tmp_path / "post_training/modelopt/hybrid").mkdir(parents=True)
+    (tmp_path / "post_training/modelopt/hybrid/model_specs.py").write_text("")
+    assert machine.model_skip_reason(size) is None
+
+
+def test_the_installed_megatron_core_is_found():
+    core = machine._megatron_core_dir()
+    assert core is not None and (core / "models/hybrid/hybrid_model.py").is_file()  # 0.19.2 here
+    assert core.name == "core" and (core / "__init__.py").is_file()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("mamba_ssm") is not None, reason="mamba-ssm is installed here")
 def test_pytest_collects_a_hybrid_scenario_and_skips_its_cells_with_one_line(tmp_path):
     d = tmp_path / "scenarios"

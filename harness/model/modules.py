@@ -112,6 +112,18 @@ def packages_needed(size) -> list[tuple[str, str, str]]:
              "(megatron/core/ssm/mamba_mixer.py:207-208)")]
 
 
+def megatron_files_needed(size) -> list[tuple[str, str]]:
+    """(file under megatron/core/, why) of each megatron-core module the model's modules build
+    from; harness/machine.py turns a release without it into the cell's skip reason (megatron-core
+    0.16.1 has MambaModel under models/mamba/, no HybridModel: a hybrid cell there would fail
+    deep in its stage with a ModuleNotFoundError instead)."""
+    if size.kind != "hybrid":
+        return []
+    why = "model.kind 'hybrid' builds it (harness/model/hybrid.py)"
+    return [("models/hybrid/hybrid_model.py", f"HybridModel: {why}"),
+            ("post_training/modelopt/hybrid/model_specs.py", f"the hybrid post-training spec: {why}")]
+
+
 def config_kwargs(size) -> dict:
     """TransformerConfig arguments of the modules that are on (none when all are off, so the
     default model's config is built exactly as before). moe_router_load_balancing_type stays
