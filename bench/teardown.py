@@ -11,16 +11,21 @@ the GPU's compute processes as nvidia-smi lists them (none of ours may be left).
 ranks blocked in a collective do), so only the final kill ends them; ``--compare-term-grace``
 then times that kill's SIGTERM grace before (TERM_GRACE_S) and since a primary error shortens
 it (CAUSE_KNOWN_TERM_GRACE_S, harness/launch/torchrun.py), guarded both, side by side.
+Each run prints one line ("  run ...": injected rank, the rank and cause named, secondaries
+labelled, teardown seconds); ``--keep-missed DIR`` copies the stage directory of each run whose
+cause was not named right to DIR/<kind>-<mode>-<i>/ before the temporary directory goes.
 Figures only, no timed asserts.
 """
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
 
+from harness.jsonfile import write_json_atomic
 from harness.launch import torchrun
 from harness.launch.torchrun import run_stage
 
@@ -37,21 +42,52 @@ def nccl_shared_env() -> dict:
 
 
 def one(tmp: Path, kind: str, k: int, nproc: int, guard: bool, pg_timeout: float,
-        env: dict | None = None, stage_timeout: float = 120.0) -> tuple[float | None, bool, bool]:
-    """(teardown seconds, attributed right, leftovers) for one injected run."""
-    r = run_stage("bench", tmp, nproc, [] if guard else ["--no-guard"], stage_timeout,
-                  env={**(env or {}), "HARNESS_INJECT": f"{kind}:{k}:before_save"},
+        env: dict | None = None, stage_timeout: float = 120.0) -> tuple[float | None, bool, bool, str]:
+    """(teardown seconds, attributed right, leftovers, what was named) for one injected run."""
+    env = {**(env or {}), "HARNESS_INJECT": f"{kind}:{k}:before_save"}
+    if env.get("HARNESS_COLLECTIVES_BACKEND") == "nccl":  # the flight-recorder dumps stay with the run
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(Path(tmp).resolve() / "nccl_trace_rank_")
+    r = run_stage("bench", tmp, nproc, [] if guard else ["--no-guard"], stage_timeout, env=env,
                   rank_module=PROGRAM, pg_timeout_s=pg_timeout)
+    write_json_atomic(Path(tmp) / "stage.json", r.result().to_json())  # kept with a missed run
     if guard:
         right = r.cause is not None and r.cause.rank == k
         if kind == "mismatch":  # a peer detecting the odd message is the honest answer on gloo
             right = r.cause is not None and not r.cause.secondary
-        return r.teardown_s, right, bool(r.leftovers)
+        return r.teardown_s, right, bool(r.leftovers), named_guard(r)
     log = (tmp / "torchrun.log").read_text(errors="replace")
     m = ROOT_RANK.search(log)
     right = bool(m) and int(m.group(1)) == k
     # plain: no error files; first failure is the first rank death the controller saw
-    return r.teardown_s, right, bool(r.leftovers)
+    named = f"torchrun root cause rank {m.group(1)}" if m else "torchrun root cause: none printed"
+    return r.teardown_s, right, bool(r.leftovers), named
+
+
+def named_guard(r) -> str:
+    """The cause the harness named (rank, kind, exception type) and whether every other failing
+    rank was labelled secondary."""
+    c = r.cause
+    what = "no cause named" if c is None else f"named rank {c.rank} {c.kind}/{c.exc_type}"
+    labelled = all(s.secondary for s in r.secondaries)
+    return (f"{what}; secondaries {len(r.secondaries)} "
+            f"{'all labelled' if labelled else 'NOT all labelled'}")
+
+
+def run_line(kind: str, mode: str, i: int, k: int, named: str, t: float | None, right: bool) -> str:
+    ts = f"{t:.2f} s" if t is not None else "n/a"
+    return f"  run {kind} {mode} {i} injected rank {k}: {named}; teardown {ts}; right {'yes' if right else 'no'}"
+
+
+def keep_missed(stage_dir: Path, keep: Path, kind: str, mode: str, i: int) -> Path | None:
+    """Copy a missed run's stage directory (logs, stacks, errors, torchrun.log, ...) to
+    keep/<kind>-<mode>-<i>/; None when it could not be copied (the bench goes on)."""
+    dest = keep / f"{kind}-{mode}-{i}"
+    try:
+        shutil.copytree(stage_dir, dest, symlinks=True, dirs_exist_ok=True)
+    except (OSError, shutil.Error) as e:
+        print(f"  could not keep {stage_dir} in {dest}: {e}", flush=True)
+        return None
+    return dest
 
 
 def _row(kind: str, mode: str, lat: list, right: int, orphans: int, count: int) -> str:
@@ -76,6 +112,9 @@ def main() -> None:
     ap.add_argument("--compare-term-grace", action="store_true",
                     help="modes: the final kill's SIGTERM grace before and since a known cause "
                          "shortens it, instead of guard and plain")
+    ap.add_argument("--keep-missed", type=Path, metavar="DIR",
+                    help="copy the stage directory of each run whose cause was not named right "
+                         "to DIR/<kind>-<mode>-<i>/")
     a = ap.parse_args()
     env = nccl_shared_env() if a.nccl_shared_gpu else None
     if a.deaf_peers:
@@ -97,8 +136,13 @@ def main() -> None:
                 lat, right, orphans = [], 0, 0
                 for i in range(a.count):
                     k = (i % (a.nproc - 1)) + 1 if i % 2 else 0
-                    t, ok, left = one(Path(td) / f"{kind}-{mode}-{i}", kind, k, a.nproc, guard,
-                                      a.pg_timeout, env, a.stage_timeout)
+                    stage_dir = Path(td) / f"{kind}-{mode}-{i}"
+                    t, ok, left, named = one(stage_dir, kind, k, a.nproc, guard, a.pg_timeout, env,
+                                             a.stage_timeout)
+                    print(run_line(kind, mode, i, k, named, t, ok), flush=True)
+                    if not ok and a.keep_missed is not None:
+                        if kept := keep_missed(stage_dir, a.keep_missed, kind, mode, i):
+                            print(f"  kept {kept}", flush=True)
                     lat += [t] if t is not None else []
                     right += ok
                     orphans += left

@@ -231,3 +231,19 @@ def test_ranks_waiting_on_a_torch_extension_build_lock_say_so():
     assert "extension build lock" in cause.message and "'lock' file" in cause.message
     busy = [F.RankExit(rank=r, stack='File "/x/prog.py", line 3 in body') for r in range(2)]
     assert "build lock" not in F.classify("load", [], busy, timed_out=True)[0].message
+
+
+def test_every_rank_in_modelopts_calibration_check_at_the_timeout_says_so():
+    """The Nano production shape on NCCL's socket transport (H100, 20261206): every rank's dump at
+    the 300 s stage timeout is in ModelOpt's per-quantizer all_gather_object. The cause says the
+    ranks were still calibrating and what to raise, not that one of them was stuck."""
+    dump = (DATA / "stacks" / "calibration-check-nccl-h100-20261206.txt").read_text()
+    exits = [F.RankExit(rank=r, pid=10 + r, stack=dump) for r in range(8)]
+    cause, sec = F.classify("save", [], exits, timed_out=True)
+    assert (cause.rank, cause.kind) == (0, "timeout") and len(sec) == 7
+    assert "still calibrating, not deadlocked" in cause.message and "stage_timeout_s" in cause.message
+    # one rank elsewhere: not every rank in the check, so no such claim
+    odd = exits[:7] + [F.RankExit(rank=7, pid=17, stack='pid 17\nFile "/x/prog.py", line 3 in body')]
+    assert "calibrating" not in F.classify("save", [], odd, timed_out=True)[0].message
+    # the same dumps without a timeout (peers gave up first): no claim about the stage timeout
+    assert "calibrating" not in F.classify("save", [], exits, timed_out=False)[0].message

@@ -55,6 +55,8 @@ IN_COLLECTIVE = re.compile(r"torch/distributed/(distributed_c10d|c10d_logger)\.p
 # its stack "outside any collective"; a peer caught here is the one way the program allows that
 # (not reproduced in 6 tries since, so not shown to be that case).
 REPORTING_ITS_ERROR = re.compile(r'harness/rank/guard\.py", line \d+ in (fail|error_record)\b')
+# The first line of every rank's stacks file (harness/rank/guard.py _arm_stack_dumps): not a dump.
+STACKS_PID_LINE = re.compile(r"\Apid \d+\n?")
 # A frame of torch's extension build lock (torch/utils/file_baton.py FileBaton.wait): the rank
 # waits for another process to build a CUDA extension (ModelOpt's modelopt_cuda_ext_fp8). A build
 # killed mid-way leaves the lock file, and then every later load waits forever (seen on the H100,
@@ -63,6 +65,16 @@ WAITING_ON_BUILD_LOCK = re.compile(r'torch/utils/file_baton\.py", line \d+ in wa
 BUILD_LOCK_HINT = ("waiting on torch's extension build lock (torch/utils/file_baton.py): another "
                    "process builds a CUDA extension, or a build killed earlier left its 'lock' file "
                    "in the TORCH_EXTENSIONS_DIR build directory (remove it)")
+# ModelOpt's check after max calibration (modelopt/torch/quantization/model_calib.py
+# _check_moe_calibration_complete): one all_gather_object per leaf quantizer and per data, expert
+# and tensor parallel group. With 1041 quantizers over NCCL's socket transport, 8-16 ranks on one
+# GPU, it outlived a 300 s stage timeout with every rank in it (H100, 20261206; docs/findings.md).
+IN_CALIBRATION_CHECK = re.compile(r'modelopt/torch/quantization/model_calib\.py", line \d+ in '
+                                  r"_check_moe_calibration_complete\b")
+SLOW_CALIBRATION_CHECK_HINT = ("every rank in ModelOpt's calibration check (model_calib.py "
+                               "_check_moe_calibration_complete, one all_gather_object per quantizer "
+                               "and parallel group): still calibrating, not deadlocked; slow with many "
+                               "experts over NCCL's socket transport (raise the scenario's stage_timeout_s)")
 
 
 # Primary failures of several ranks recorded within this many seconds of the earliest are
@@ -255,11 +267,26 @@ def _odd_call_site(failures: list[RankFailure]) -> RankFailure | None:
     return f
 
 
+def _dump(stack: str) -> str:
+    """A rank's stacks file without the guard's first line, ``pid <n>`` (harness/rank/guard.py
+    _arm_stack_dumps, written at start): the faulthandler dump, or "" when none was written."""
+    return STACKS_PID_LINE.sub("", stack or "", count=1)
+
+
 def _stuck_rank(failures: list[RankFailure], exits: list[RankExit], timed_out: bool) -> RankFailure | None:
     """A rank killed in teardown (or alive at timeout) with no error of its own, preferring one
-    whose stack dump shows it outside any collective: that rank is what its peers waited for."""
-    stacks = {x.rank: x.stack for x in exits}
-    killed = [f for f in failures if f.kind in (CauseKind.SIGNAL, CauseKind.HANG, CauseKind.TIMEOUT)]
+    whose stack dump shows it outside any collective: that rank is what its peers waited for.
+    Never a rank that gave up on a peer itself: one a signal nobody sent took down, whose text
+    says it waited on or lost a peer (its NCCL watchdog's SIGABRT)."""
+    stacks = {x.rank: _dump(x.stack) for x in exits}
+    unsent = {x.rank for x in exits if not x.signalled}
+    # An aborted peer has no dump (SIGABRT has no handler), only its stacks file's pid line. That
+    # line once counted as a dump "outside any collective", so a lower-numbered aborted peer was
+    # named instead of the hung rank: read from the code as the likely cause of the H100 bench's
+    # hang named right 1 of 2 (20261206 11:40), not yet confirmed from a GPU run's files.
+    gave_up = {f.rank for f in failures if f.kind == CauseKind.SIGNAL and f.rank in unsent and f.secondary}
+    killed = [f for f in failures if f.kind in (CauseKind.SIGNAL, CauseKind.HANG, CauseKind.TIMEOUT)
+              and f.rank not in gave_up]
     if not killed:
         return None
     killed.sort(key=lambda f: (_waiting_or_reporting(stacks.get(f.rank, "")), not stacks.get(f.rank), f.rank))
@@ -269,9 +296,11 @@ def _stuck_rank(failures: list[RankFailure], exits: list[RankExit], timed_out: b
         f.message = f"{f.message}; stuck outside any collective while peers waited"
     if WAITING_ON_BUILD_LOCK.search(stacks.get(f.rank, "")):
         f.message = f"{f.message}; {BUILD_LOCK_HINT}"
+    dumps = [s for s in stacks.values() if s]
+    if timed_out and dumps and all(IN_CALIBRATION_CHECK.search(s) for s in dumps):
+        f.message = f"{f.message}; {SLOW_CALIBRATION_CHECK_HINT}"
     # peers gave up on it by an error of their own, or by a signal the teardown did not send
     # (their NCCL watchdog's abort)
-    unsent = {x.rank for x in exits if not x.signalled}
     errs = [g.time for g in failures if g is not f and g.time
             and (g.kind == CauseKind.EXCEPTION or (g.kind == CauseKind.SIGNAL and g.rank in unsent))]
     if errs and (f.time is None or f.time > min(errs)):

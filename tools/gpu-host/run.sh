@@ -173,9 +173,13 @@ case "$1" in
     for n in ${TEARDOWN_WORLDS:-2 4 8}; do
       PYTHONPATH=$PWD_ROOT${PYTHONPATH:+:$PYTHONPATH} timeout -s TERM ${TEARDOWN_BENCH_TIMEOUT_S:-200} \
         python3 bench/teardown.py --nccl-shared-gpu --nproc $n --count ${TEARDOWN_COUNT:-1} \
-        --kinds ${TEARDOWN_KINDS:-raise,sigkill,hang} --pg-timeout 10 > "$P/bench-world$n.log" 2>&1 & PIDS+=($!)
+        --kinds ${TEARDOWN_KINDS:-raise,sigkill,hang} --pg-timeout 10 \
+        --keep-missed "$P/missed-world$n" > "$P/bench-world$n.log" 2>&1 & PIDS+=($!)
     done; wait "${PIDS[@]}"
-    for n in ${TEARDOWN_WORLDS:-2 4 8}; do echo "== bench world $n"; tail -n 12 "$P/bench-world$n.log"; done
+    # the rows as before, then each missed guarded run (the runs' lines start with two spaces;
+    # a missed run's stage directory is in $P/missed-world$n/, packed below)
+    for n in ${TEARDOWN_WORLDS:-2 4 8}; do echo "== bench world $n"; grep -v '^  ' "$P/bench-world$n.log" | tail -n 12
+      grep '^  run [a-z]* guard .*right no$' "$P/bench-world$n.log" | cut -c1-220; done
     # TEARDOWN_INJECT: HARNESS_INJECT values separated by commas
     I=${TEARDOWN_INJECT:-raise:1:before_save,raise:1:before_load,hang:1:before_save}
     [ "$I" = none ] && I=  # the bench only
@@ -204,13 +208,14 @@ case "$1" in
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 ;;
   mamba)
     T=/root/site-mamba W=${MAMBA_WHEEL_DIR:-/root/mamba-wheels}; mkdir -p $T $W; start=$(date +%s)
-    ls .whl-mamba/*.tar.gz .whl-mamba/ninja-*.whl > /dev/null || { echo "run.sh mamba: carry .whl-mamba (tools/gpu-host/stage-mamba.sh)" >&2; exit 2; }
     export PATH=$T/bin:$PATH PYTHONPATH=$T${PYTHONPATH:+:$PYTHONPATH}
-    if ls .whl-mamba/built/mamba_ssm-*.whl .whl-mamba/built/causal_conv1d-*.whl > /dev/null 2>&1; then
+    if ls .whl-mamba/built/mamba_ssm-*.whl .whl-mamba/built/causal_conv1d-*.whl .whl-mamba/einops-*.whl > /dev/null 2>&1; then
       # compiled on an earlier lease for this host's torch and GPU (`mamba-wheels` brought them back)
       python3 -m pip install --no-deps --no-index --target $T .whl-mamba/einops-*.whl .whl-mamba/built/*.whl > "$OUT/mamba-build.log" 2>&1
       echo "mamba: the carried built wheels installed (.whl-mamba/built), rc $?, no compile"
     else
+      ls .whl-mamba/*.tar.gz .whl-mamba/ninja-*.whl .whl-mamba/einops-*.whl > /dev/null || {
+        echo "run.sh mamba: carry .whl-mamba (tools/gpu-host/stage-mamba.sh), or its built/ wheels and einops" >&2; exit 2; }
       # ninja first: torch's cpp_extension takes PYTORCH_NVCC (one architecture, nvcc-one-arch.sh)
       # only on its ninja path; without ninja it would compile 8 architectures one file at a time
       python3 -m pip install --no-deps --no-index --target $T .whl-mamba/ninja-*.whl > "$OUT/mamba-build.log" 2>&1
