@@ -167,10 +167,10 @@ def model_skip_reason(size) -> str | None:
     missing = [f"needs {package}: {why}, and it is not installed"
                for module, package, why in packages_needed(size)
                if importlib.util.find_spec(module) is None]
-    core = _megatron_core_dir()
+    needed = megatron_files_needed(size)
+    core = _megatron_core_dir() if needed else None  # looked for only by a model that needs it
     missing += [f"needs megatron/core/{rel} ({what}), which megatron-core {version('megatron-core')} "
-                "does not have" for rel, what in megatron_files_needed(size)
-                if core is not None and not (core / rel).is_file()]
+                "does not have" for rel, what in needed if core is not None and not (core / rel).is_file()]
     return "; ".join(missing) or None
 
 

@@ -75,7 +75,6 @@ def test_named_guard_says_when_a_secondary_is_not_labelled():
     assert B.named_guard(R).startswith("no cause named")
 
 
-
 # What a peer's log ends with when TORCH_NCCL_ASYNC_ERROR_HANDLING=3 has its watchdog abort it
 # (torch ProcessGroupNCCL.cpp, then libstdc++'s terminate message)
 NCCL_WATCHDOG_ABORT = (

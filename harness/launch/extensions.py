@@ -29,7 +29,6 @@ from harness.model.recipes import DEFAULT_RECIPE
 WARM_UP_TIMEOUT_S = 300  # a first build took 73 s on the H100; a stale lock waits forever
 
 
-
 def extensions_dir(environ: Mapping[str, str] = os.environ) -> str:
     """The ``TORCH_EXTENSIONS_DIR`` for stages of this ModelOpt version: a subdirectory named
     after it, under the user's ``TORCH_EXTENSIONS_DIR`` when set, else under torch's default
