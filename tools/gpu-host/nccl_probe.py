@@ -8,6 +8,9 @@ process group starts, and NCCL's network transport runs over sockets on loopback
 no NCCL_HOSTID, to show the refusal. Each rank runs all_reduce, all_gather, then a
 megatron-core dist_checkpointing save and load of the harness model (tp1-etp1-epN, TE,
 NVFP4_DEFAULT_CFG) with the tensors compared; rank 0 writes what happened to OUT.json.
+PROBE_GATHERS=K first times K all_gather_object calls of one bool over NCCL and over a gloo group:
+what ModelOpt's calibration check pays per quantizer and group (docs/findings.md);
+PROBE_CHECKPOINT=0 leaves out the save and load.
 Development evidence only (docs/runs/), not part of the harness.
 """
 from __future__ import annotations
@@ -58,7 +61,13 @@ def main(mode: str, out: Path) -> int:
 
         step("all_reduce", all_reduce)
         step("all_gather", all_gather)
-        step("checkpoint", lambda: save_and_load(world))
+        gathers = int(os.environ.get("PROBE_GATHERS", "0"))
+        if gathers:  # what ModelOpt's calibration check pays per quantizer and group
+            step("object_gather_nccl_ms", lambda: object_gather_ms(None, gathers))
+            gloo = dist.new_group(backend="gloo")
+            step("object_gather_gloo_ms", lambda: object_gather_ms(gloo, gathers))
+        if os.environ.get("PROBE_CHECKPOINT", "1") == "1":
+            step("checkpoint", lambda: save_and_load(world))
         facts["ok"] = True
     except BaseException as exc:  # noqa: BLE001  (the probe reports whatever stopped it)
         facts.update(ok=False, exc_type=type(exc).__name__, message=str(exc)[:2000],
@@ -67,11 +76,27 @@ def main(mode: str, out: Path) -> int:
     if rank == 0 or not facts.get("ok"):
         target = out if rank == 0 else out.with_suffix(f".rank{rank}.json")
         target.write_text(json.dumps(facts, indent=2))
-    print(json.dumps({k: facts.get(k) for k in ("mode", "world", "nccl", "ok", "exc_type", "message", "wall_s")}))
+    shown = ("mode", "world", "nccl", "ok", "exc_type", "message", "wall_s") + (("steps",) if rank == 0 else ())
+    print(json.dumps({k: facts.get(k) for k in shown}))
     if facts.get("ok"):
         dist.destroy_process_group()
         return 0
     os._exit(1)  # peers may sit in a collective: never destroy the group after a failure
+
+
+def object_gather_ms(group, count: int) -> dict:
+    """Milliseconds per all_gather_object of one bool, as ModelOpt's
+    ``_check_moe_calibration_complete`` sends once per leaf quantizer and parallel group."""
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    dist.all_gather_object([None] * size, True, group=group)  # warm-up: communicator set up
+    start = time.perf_counter()
+    for _ in range(count):
+        dist.all_gather_object([None] * size, True, group=group)
+    per_call = (time.perf_counter() - start) * 1000 / count
+    return {"count": count, "ms_per_call": round(per_call, 2),
+            "nano_shape_check_s": round(per_call * 1041 / 1000, 1)}
 
 
 def save_and_load(world: int) -> dict:

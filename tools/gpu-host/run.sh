@@ -25,9 +25,11 @@
 #              RECIPE_PARTS items are <modelopt>-<patch>[-mc<megatron-core>] (carry .whl-mc<digits>)
 #              and RECIPE_CELLS narrows to cell-id globs, separated by commas (a comma inside a
 #              cell id: write ? there; a queue.sh entry splits on spaces)
-#   nccl-probe issue 42: 2/4/8 NCCL ranks on one GPU with per-rank NCCL_HOSTID (+ the control)
+#   nccl-probe issue 42: 2/4/8 NCCL ranks on one GPU with per-rank NCCL_HOSTID (+ the control);
+#              PROBE_GATHERS=K times K all_gather_object calls over NCCL and over gloo (the cost of
+#              ModelOpt's calibration check per quantizer), PROBE_CHECKPOINT=0 skips the save/load
 #   nccl-teardown  issue 42 item 3: NCCL ranks sharing the GPU; bench/teardown.py --nccl-shared-gpu
-#              (peers waiting in an all_reduce) at TEARDOWN_WORLDS (2 4 8), then gpu-nccl-teardown
+#              (peers waiting in an all_reduce) at TEARDOWN_WORLDS (2 4 8; `none`: no bench), then gpu-nccl-teardown
 #              (worlds 2, 4, 8) once per TEARDOWN_INJECT item (raise during save, during load,
 #              hang; `none`: the bench only); TEARDOWN_KINDS narrows the bench's kinds; the
 #              table (tools/gpu-host/teardown_table.py) and what is left afterwards
@@ -169,8 +171,9 @@ case "$1" in
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 | tee $P/after.txt ;;
   nccl-teardown)
     P=$R/nccl-teardown; mkdir -p $P
+    BENCH_WORLDS=${TEARDOWN_WORLDS:-2 4 8}; [ "$BENCH_WORLDS" = none ] && BENCH_WORLDS=  # the harness's runs only
     PIDS=()  # a bare `wait` would wait for the nvidia-smi sampler too
-    for n in ${TEARDOWN_WORLDS:-2 4 8}; do
+    for n in $BENCH_WORLDS; do
       PYTHONPATH=$PWD_ROOT${PYTHONPATH:+:$PYTHONPATH} timeout -s TERM ${TEARDOWN_BENCH_TIMEOUT_S:-200} \
         python3 bench/teardown.py --nccl-shared-gpu --nproc $n --count ${TEARDOWN_COUNT:-1} \
         --kinds ${TEARDOWN_KINDS:-raise,sigkill,hang} --pg-timeout 10 \
@@ -178,7 +181,7 @@ case "$1" in
     done; wait "${PIDS[@]}"
     # the rows as before, then each missed guarded run (the runs' lines start with two spaces;
     # a missed run's stage directory is in $P/missed-world$n/, packed below)
-    for n in ${TEARDOWN_WORLDS:-2 4 8}; do echo "== bench world $n"; grep -v '^  ' "$P/bench-world$n.log" | tail -n 12
+    for n in $BENCH_WORLDS; do echo "== bench world $n"; grep -v '^  ' "$P/bench-world$n.log" | tail -n 12
       grep '^  run [a-z]* guard .*right no$' "$P/bench-world$n.log" | cut -c1-220; done
     # TEARDOWN_INJECT: HARNESS_INJECT values separated by commas
     I=${TEARDOWN_INJECT:-raise:1:before_save,raise:1:before_load,hang:1:before_save}
