@@ -14,6 +14,11 @@ it (CAUSE_KNOWN_TERM_GRACE_S, harness/launch/torchrun.py), guarded both, side by
 Each run prints one line ("  run ...": injected rank, the rank and cause named, secondaries
 labelled, teardown seconds); ``--keep-missed DIR`` copies the stage directory of each run whose
 cause was not named right to DIR/<kind>-<mode>-<i>/ before the temporary directory goes.
+``--inject-ranks`` picks the injected ranks (run i takes the i-th, cycling; ``last`` is the
+highest rank): an NCCL hang run lasts about 90 s (the 10 s group timeout, then the watchdog's
+flight-recorder dump before its abort), so a short lease runs only the case in question. A
+SIGTERM (``timeout``) tears the running stage down before the bench exits: ranks live in
+sessions of their own and outlived a killed bench on the H100 (14 left, 2026-12-06).
 Figures only, no timed asserts.
 """
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 
 from harness.jsonfile import write_json_atomic
 from harness.launch import torchrun
+from harness.launch.signals import exit_cleanly_on_sigterm
 from harness.launch.torchrun import run_stage
 
 PROGRAM = "tests.rank_programs.collectives"
@@ -90,6 +96,17 @@ def keep_missed(stage_dir: Path, keep: Path, kind: str, mode: str, i: int) -> Pa
     return dest
 
 
+def injected_ranks(spec: str | None, nproc: int, count: int) -> list[int]:
+    """The rank each run injects into: ``spec`` (ranks or ``last``, commas between, cycling),
+    or by default 0 on even runs i and (i mod (nproc - 1)) + 1 on odd ones."""
+    if not spec:
+        return [(i % (nproc - 1)) + 1 if i % 2 else 0 for i in range(count)]
+    ranks = [nproc - 1 if r.strip() == "last" else int(r) for r in spec.split(",")]
+    if bad := [r for r in ranks if not 0 <= r < nproc]:
+        raise SystemExit(f"bench/teardown.py: --inject-ranks {spec}: rank(s) {bad} not in 0..{nproc - 1}")
+    return [ranks[i % len(ranks)] for i in range(count)]
+
+
 def _row(kind: str, mode: str, lat: list, right: int, orphans: int, count: int) -> str:
     m = statistics.median(lat) if lat else float("nan")
     mx = max(lat) if lat else float("nan")
@@ -115,7 +132,12 @@ def main() -> None:
     ap.add_argument("--keep-missed", type=Path, metavar="DIR",
                     help="copy the stage directory of each run whose cause was not named right "
                          "to DIR/<kind>-<mode>-<i>/")
+    ap.add_argument("--inject-ranks", metavar="R[,R...]",
+                    help="the rank run i injects into: the i-th of these, cycling; 'last' is the "
+                         "highest (default: 0 on even runs i, (i mod (nproc-1)) + 1 on odd ones)")
     a = ap.parse_args()
+    ranks = injected_ranks(a.inject_ranks, a.nproc, a.count)
+    exit_cleanly_on_sigterm()
     env = nccl_shared_env() if a.nccl_shared_gpu else None
     if a.deaf_peers:
         env = {**(env or {}), "HARNESS_DEAF_PEERS": "1"}
@@ -134,8 +156,7 @@ def main() -> None:
             for mode, guard, grace in modes:
                 torchrun.CAUSE_KNOWN_TERM_GRACE_S = grace
                 lat, right, orphans = [], 0, 0
-                for i in range(a.count):
-                    k = (i % (a.nproc - 1)) + 1 if i % 2 else 0
+                for i, k in enumerate(ranks):
                     stage_dir = Path(td) / f"{kind}-{mode}-{i}"
                     t, ok, left, named = one(stage_dir, kind, k, a.nproc, guard, a.pg_timeout, env,
                                              a.stage_timeout)

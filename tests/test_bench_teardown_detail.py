@@ -133,3 +133,39 @@ def test_peers_the_watchdog_aborted_are_never_named_stuck_outside_a_collective()
     assert (cause.rank, cause.kind, cause.exc_type) == (0, "signal", "c10::DistBackendError")
     assert "stuck outside" not in cause.message
     assert [s.rank for s in sec] == [1]
+
+
+def test_inject_ranks_pick_the_rank_of_each_run():
+    assert B.injected_ranks(None, 4, 4) == [0, 2, 0, 1]  # the default, as before
+    assert B.injected_ranks("last", 8, 2) == [7, 7]
+    assert B.injected_ranks("1,last", 4, 3) == [1, 3, 1]
+    with pytest.raises(SystemExit, match=r"--inject-ranks 2: rank\(s\) \[2\] not in 0\.\.1"):
+        B.injected_ranks("2", 2, 1)
+
+
+@pytest.mark.xdist_group("teardown-bench")
+def test_a_sigterm_to_the_bench_takes_its_running_stage_down(tmp_path):
+    """``timeout`` SIGTERMs the bench while a stage's ranks hang: every rank goes with it (on the
+    H100 a bench cut by its bound left 14 ranks holding GPU memory)."""
+    import os
+    import signal
+    import subprocess
+
+    from harness.launch import bounded as bounded_process
+    from harness.paths import REPO_ROOT
+    from tests.helpers import TEARDOWN_LIMIT_S, stage_processes, wait_for
+
+    proc = bounded_process.start(
+        [sys.executable, "bench/teardown.py", "--kinds", "hang", "--count", "1", "--nproc", "2",
+         "--pg-timeout", "120", "--stage-timeout", "120"],
+        cwd=REPO_ROOT, env={**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: len(stage_processes(tmp_path)) >= 3, 120), "the stage never started"
+        proc.send_signal(signal.SIGTERM)
+        out = bounded_process.finish(proc, 60).raise_if_timed_out().stdout
+        assert wait_for(lambda: not stage_processes(tmp_path), TEARDOWN_LIMIT_S), \
+            f"ranks left after the bench exited: {stage_processes(tmp_path)}"
+        assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
+    finally:
+        bounded_process.kill_group(proc)

@@ -31,7 +31,8 @@
 #   nccl-teardown  issue 42 item 3: NCCL ranks sharing the GPU; bench/teardown.py --nccl-shared-gpu
 #              (peers waiting in an all_reduce) at TEARDOWN_WORLDS (2 4 8; `none`: no bench), then gpu-nccl-teardown
 #              (worlds 2, 4, 8) once per TEARDOWN_INJECT item (raise during save, during load,
-#              hang; `none`: the bench only); TEARDOWN_KINDS narrows the bench's kinds; the
+#              hang; `none`: the bench only); TEARDOWN_KINDS narrows the bench's kinds and
+#              TEARDOWN_RANKS picks its injected ranks (bench --inject-ranks, e.g. `last`); the
 #              table (tools/gpu-host/teardown_table.py) and what is left afterwards
 #   nccl-cells issue 42 item 4: witness and fix cells (report, Nano, Ultra recipe) run with
 #              --nccl-shared-gpu, to compare with their gloo runs (equivalence --outcomes-only)
@@ -176,7 +177,7 @@ case "$1" in
     for n in $BENCH_WORLDS; do
       PYTHONPATH=$PWD_ROOT${PYTHONPATH:+:$PYTHONPATH} timeout -s TERM ${TEARDOWN_BENCH_TIMEOUT_S:-200} \
         python3 bench/teardown.py --nccl-shared-gpu --nproc $n --count ${TEARDOWN_COUNT:-1} \
-        --kinds ${TEARDOWN_KINDS:-raise,sigkill,hang} --pg-timeout 10 \
+        --kinds ${TEARDOWN_KINDS:-raise,sigkill,hang} --pg-timeout 10 ${TEARDOWN_RANKS:+--inject-ranks $TEARDOWN_RANKS} \
         --keep-missed "$P/missed-world$n" > "$P/bench-world$n.log" 2>&1 & PIDS+=($!)
     done; wait "${PIDS[@]}"
     # the rows as before, then each missed guarded run (the runs' lines start with two spaces;
