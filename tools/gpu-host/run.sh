@@ -193,7 +193,7 @@ case "$1" in
         $H run --label nccl-teardown-$name --jobs 3 --scenario gpu-nccl-teardown > "$P/$name.log" 2>&1
       echo "$inj: rc $? wall $(( $(date +%s) - start )) s"
     done
-    PYTHONPATH=$PWD_ROOT${PYTHONPATH:+:$PYTHONPATH} python3 tools/gpu-host/teardown_table.py $(for d in $R/*-nccl-teardown-*/; do d=${d%/}; echo "${d##*nccl-teardown-}=$d/results.json"; done) | tee "$OUT/teardown-table.md"
+    [ -n "$I" ] && PYTHONPATH=$PWD_ROOT${PYTHONPATH:+:$PYTHONPATH} python3 tools/gpu-host/teardown_table.py $(for d in $R/*-nccl-teardown-*/; do d=${d%/}; echo "${d##*nccl-teardown-}=$d/results.json"; done) | tee "$OUT/teardown-table.md"
     echo "rank processes left: $(pgrep -fc 'harness.rank|rank_programs' || true)"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 | tee "$P/after.txt"
     tar czf "$OUT/nccl-teardown.tgz" --exclude='*/ckpt' --exclude='*/reference' $R/*-nccl-teardown-* $P 2>/dev/null ;;
