@@ -101,9 +101,11 @@ def injected_ranks(spec: str | None, nproc: int, count: int) -> list[int]:
     or by default 0 on even runs i and (i mod (nproc - 1)) + 1 on odd ones."""
     if not spec:
         return [(i % (nproc - 1)) + 1 if i % 2 else 0 for i in range(count)]
-    ranks = [nproc - 1 if r.strip() == "last" else int(r) for r in spec.split(",")]
-    if bad := [r for r in ranks if not 0 <= r < nproc]:
-        raise SystemExit(f"bench/teardown.py: --inject-ranks {spec}: rank(s) {bad} not in 0..{nproc - 1}")
+    words = [r.strip() for r in spec.split(",")]
+    if bad := [r for r in words if r != "last" and not (r.isdigit() and int(r) < nproc)]:
+        raise SystemExit(f"bench/teardown.py: --inject-ranks {spec}: {', '.join(bad)} not a rank "
+                         f"in 0..{nproc - 1} or 'last'")
+    ranks = [nproc - 1 if r == "last" else int(r) for r in words]
     return [ranks[i % len(ranks)] for i in range(count)]
 
 

@@ -139,8 +139,10 @@ def test_inject_ranks_pick_the_rank_of_each_run():
     assert B.injected_ranks(None, 4, 4) == [0, 2, 0, 1]  # the default, as before
     assert B.injected_ranks("last", 8, 2) == [7, 7]
     assert B.injected_ranks("1,last", 4, 3) == [1, 3, 1]
-    with pytest.raises(SystemExit, match=r"--inject-ranks 2: rank\(s\) \[2\] not in 0\.\.1"):
+    with pytest.raises(SystemExit, match=r"--inject-ranks 2: 2 not a rank in 0\.\.1 or 'last'"):
         B.injected_ranks("2", 2, 1)
+    with pytest.raises(SystemExit, match=r"--inject-ranks x,1: x not a rank in 0\.\.3 or 'last'"):
+        B.injected_ranks("x,1", 4, 1)
 
 
 @pytest.mark.xdist_group("teardown-bench")
