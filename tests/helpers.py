@@ -85,11 +85,17 @@ def wait_for(pred, timeout_s: float) -> bool:
 
 
 def interrupt_a_hung_stage(root: Path, sig: signal.Signals) -> tuple[subprocess.Popen, str, float]:
-    """Start a cell whose ranks all hang after building the model (only a signal ends it), send
-    ``sig`` the way a terminal (SIGINT to the process group) or CI (SIGTERM) does; returns the
-    finished process, its output and the seconds from the signal to its exit."""
+    """Start a cell whose ranks all hang after building the model (only a signal ends it) and
+    interrupt it with ``sig`` (``interrupt_once_staged``)."""
     proc = start_cli(root, "run", "--cells", CPU_SAVE_ONLY_CELL, "--label", "interrupt",
                      env={"HARNESS_INJECT": "hang:*:after_build"})
+    return interrupt_once_staged(proc, root, sig)
+
+
+def interrupt_once_staged(proc: subprocess.Popen, root: Path, sig: signal.Signals) -> tuple[subprocess.Popen, str, float]:
+    """Once a stage under ``root`` runs (torchrun and two ranks), send ``proc`` ``sig`` as a
+    terminal (SIGINT to its process group) or CI (SIGTERM) does; returns ``proc``, its output
+    and the seconds from the signal to its exit. ``proc`` is killed with its group at the end."""
     try:
         assert wait_for(lambda: len(stage_processes(root)) >= 3, 120), "stage never started"
         time.sleep(1.0)

@@ -145,7 +145,6 @@ def test_inject_ranks_pick_the_rank_of_each_run():
         B.injected_ranks("x,1", 4, 1)
 
 
-@pytest.mark.xdist_group("teardown-bench")
 def test_a_sigterm_to_the_bench_takes_its_running_stage_down(tmp_path):
     """``timeout`` SIGTERMs the bench while a stage's ranks hang: every rank goes with it (on the
     H100 a bench cut by its bound left 14 ranks holding GPU memory)."""
@@ -155,19 +154,14 @@ def test_a_sigterm_to_the_bench_takes_its_running_stage_down(tmp_path):
 
     from harness.launch import bounded as bounded_process
     from harness.paths import REPO_ROOT
-    from tests.helpers import TEARDOWN_LIMIT_S, stage_processes, wait_for
+    from tests.helpers import TEARDOWN_LIMIT_S, interrupt_once_staged, stage_processes, wait_for
 
     proc = bounded_process.start(
         [sys.executable, "bench/teardown.py", "--kinds", "hang", "--count", "1", "--nproc", "2",
          "--pg-timeout", "120", "--stage-timeout", "120"],
         cwd=REPO_ROOT, env={**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert wait_for(lambda: len(stage_processes(tmp_path)) >= 3, 120), "the stage never started"
-        proc.send_signal(signal.SIGTERM)
-        out = bounded_process.finish(proc, 60).raise_if_timed_out().stdout
-        assert wait_for(lambda: not stage_processes(tmp_path), TEARDOWN_LIMIT_S), \
-            f"ranks left after the bench exited: {stage_processes(tmp_path)}"
-        assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
-    finally:
-        bounded_process.kill_group(proc)
+    proc, out, _ = interrupt_once_staged(proc, tmp_path, signal.SIGTERM)
+    assert wait_for(lambda: not stage_processes(tmp_path), TEARDOWN_LIMIT_S), \
+        f"ranks left after the bench exited: {stage_processes(tmp_path)}"
+    assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
