@@ -2,12 +2,14 @@
 one world, the failing rank on the second node named, every process of both agents gone."""
 from __future__ import annotations
 
+import socket
 import time
 
 import psutil
 import pytest
 
-from harness.launch.nodes import node_command
+from harness.launch import nodes
+from harness.launch.nodes import node_command, rendezvous_port
 from harness.launch.torchrun import run_stage
 
 pytestmark = pytest.mark.cpu
@@ -34,6 +36,21 @@ def _in_stage(p: psutil.Process, r) -> bool:
         return p.environ().get("HARNESS_STAGE_DIR") == str(r.stage_dir)
     except psutil.Error:
         return False
+
+
+def test_the_rendezvous_port_is_below_the_ephemeral_range_and_free(monkeypatch):
+    """The store's port is one the kernel never hands out by itself, and a taken one is passed
+    over (the bind(0)-then-close port was taken by another process once: EADDRINUSE)."""
+    low = nodes._ephemeral_low()
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy, low - 7])
+        monkeypatch.setattr(nodes.random, "choice", lambda span: next(picks))
+        assert rendezvous_port() == low - 7
+    monkeypatch.undo()
+    assert all(1024 <= rendezvous_port() < low for _ in range(20))
 
 
 def test_node_command_is_a_c10d_rendezvous():

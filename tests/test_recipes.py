@@ -9,13 +9,13 @@ harness.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 
 import pytest
 
 from harness.check.recipes import KNOWN_RECIPES, STATIC_BLOCK, SUPER_MSE, ULTRA_4O6, recipe_facts
 from harness.check.versions import rules_for
+from harness.launch.nodes import rendezvous_port
 from harness.model.recipes import DEFAULT_RECIPE, Recipe, RecipeError
 from harness.paths import REPO_ROOT
 from harness.records import Expected
@@ -115,18 +115,12 @@ def test_recorded_kinds_that_differ_from_the_catalogue_are_not_judged():
     assert not facts.agrees_with({"experts": [STATIC_BLOCK], "other": ["scalar"]})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def modelopt_kinds():
     """What ModelOpt's own config matching makes of each known recipe on the cpu tier's model."""
     import os
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous_port()),
            "PYTHONPATH": str(REPO_ROOT)}
     got = bounded([sys.executable, "-m", "tests.rank_programs.recipe_kinds", *KNOWN_RECIPES],
                   timeout=240, cwd=REPO_ROOT, env=env)

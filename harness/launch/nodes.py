@@ -6,6 +6,7 @@ one Popen to the watcher, and every agent lives in a session of its own.
 """
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import subprocess
@@ -64,8 +65,37 @@ class Agents:
         return self.returncode
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low(default: int = 32768) -> int:
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def rendezvous_port(attempts: int = 64) -> int:
+    """A free port below the kernel's ephemeral range, for a store another process will bind.
+
+    Why: a port from ``bind(0)`` is free only until the socket closes; any process's next
+    outgoing connection or ``bind(0)`` (gloo's listeners, a parallel test) can take it before
+    torchrun binds it (EADDRINUSE, seen once in a clean clone's ``make test``). The kernel
+    never hands out ports below the ephemeral range by itself, so only another explicit choice
+    can collide there, and the random pick makes that rare; each candidate is checked free.
+    """
+    low = _ephemeral_low()
+    span = range(max(1024, low - 12288), max(1025, low))
+    for _ in range(attempts):
+        port = random.choice(span)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("localhost", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:  # everything below the range is taken: fall back to the kernel
         s.bind(("localhost", 0))
         return s.getsockname()[1]
 
@@ -74,7 +104,7 @@ def start_agents(stage: str, stage_dir: Path, nproc: int, nodes: int, rank_modul
                   rank_args: list[str], python: str, env: dict) -> Agents:
     """``nodes`` torchrun agents on this machine, each in its own session, logging to
     torchrun.node<k>.log; node 0 serves the rendezvous store (no race for the port)."""
-    endpoint = f"localhost:{_free_port()}"
+    endpoint = f"localhost:{rendezvous_port()}"
     rdzv_id = f"{stage}-{uuid.uuid4().hex[:12]}"
     procs: list[subprocess.Popen] = []
     try:
