@@ -13,6 +13,7 @@ import pytest
 
 from harness.run.cells import select_cells
 from harness.scenario.scenarios import load_all
+from tests.helpers import bounded
 
 pytestmark = pytest.mark.cpu
 
@@ -67,3 +68,28 @@ def test_the_check_catches_a_misspelt_scenario(tmp_path):
     bad.write_text("RECIPE_SCENARIOS_none=gpu-ultra-recipe-witnes recipes\n")
     with pytest.raises(AssertionError, match="names no scenario gpu-ultra-recipe-witnes"):
         test_each_entry_names_a_mode_scenarios_parts_and_cells_that_exist(bad)
+
+
+def _shell_waits(text: str) -> list[str]:
+    """Lines of a shell script that call ``wait`` (comments left out)."""
+    return [l.strip() for l in text.splitlines()
+            if not l.lstrip().startswith("#") and re.search(r"(^|[;&|{]\s*|\s)wait(\s|;|$)", l)]
+
+
+def test_run_sh_waits_only_through_wait_jobs():
+    """A bare ``wait`` (or ``wait "${PIDS[@]}"`` with no pids) waits for run.sh's memory sampler
+    too, forever: nccl-teardown with TEARDOWN_WORLDS=none hung so on the H100 (2026-12-06)."""
+    waits = _shell_waits((GPU_HOST / "run.sh").read_text())
+    assert waits == ['wait_jobs() { [ $# = 0 ] || wait "$@"; }'], waits
+
+
+def test_wait_jobs_with_no_pids_returns_while_another_job_runs():
+    define = next(l for l in (GPU_HOST / "run.sh").read_text().splitlines() if l.startswith("wait_jobs()"))
+    script = f'{define}\nsleep 60 & S=$!\nPIDS=()\nwait_jobs "${{PIDS[@]}}"\nkill $S; echo returned'
+    got = bounded(["bash", "-c", script], timeout=20)
+    assert got.returncode == 0 and "returned" in got.stdout, got.stderr
+
+
+def test_the_wait_check_catches_a_bare_wait():
+    assert _shell_waits('  done; wait; tail x\n  # wait here\n  wait "${PIDS[@]}" ;;') == [
+        "done; wait; tail x", 'wait "${PIDS[@]}" ;;']

@@ -74,6 +74,10 @@ H="python3 -m harness --results-root $R"
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 > "$OUT/gpu-memory-$1.csv" 2>/dev/null &
 SMI=$!
 trap 'kill $SMI 2>/dev/null' EXIT
+# Wait for the given background pids only. A bare `wait` (what `wait "${PIDS[@]}"` becomes when
+# PIDS is empty) also waits for the sampler above, forever: nccl-teardown with
+# TEARDOWN_WORLDS=none hung so on the H100 (20261206 15:31), until the sampler was killed.
+wait_jobs() { [ $# = 0 ] || wait "$@"; }
 # ModelOpt's FP8 extension built before any cell, bounded (PRECOMPILE_TIMEOUT_S, 300): a stale
 # build lock made an unbounded one wait 12 minutes (20261206). precompile PYTHON LOG
 precompile() {
@@ -121,12 +125,11 @@ case "$1" in
       echo "$part$TAG: rc $? wall $(( $(date +%s) - start )) s"; grep -E '^- cells:' "$log"
     }
     # SAMPLE_CONCURRENT=1: the parts at once (the save and load waves of one part leave cores idle)
-    # (wait on these pids only: a bare `wait` would also wait for the memory sampler, forever)
     PIDS=()
     for part in $(echo "${SAMPLE_PARTS:-cross,0.48.0rc1,0.47.0-fix,0.47.0-none}" | tr , ' '); do
       if [ "${SAMPLE_CONCURRENT:-0}" = 1 ]; then sample_part "$part" & PIDS+=($!); else sample_part "$part"; fi
     done
-    [ ${#PIDS[@]} = 0 ] || wait "${PIDS[@]}" ;;
+    wait_jobs "${PIDS[@]}" ;;
   recipes)  # issue 38: the jobs' recipes, RECIPE_PARTS (default 0.47.0-none,0.47.0-fix,0.48.0rc1-none)
     # at once, each bounded by RECIPE_PART_TIMEOUT_S (520); RECIPE_SCENARIOS_<patch> narrows.
     # MSE calibration compiles ModelOpt's modelopt_cuda_ext_fp8 once per ModelOpt version (about
@@ -154,7 +157,7 @@ case "$1" in
     for part in $(echo "${RECIPE_PARTS:-0.47.0-none,0.47.0-fix,0.48.0rc1-none}" | tr , ' '); do
       recipe_part "$part" & PIDS+=($!)
     done
-    wait "${PIDS[@]}" ;;
+    wait_jobs "${PIDS[@]}" ;;
   nccl-probe)  # issue 42 item 1: NCCL ranks on ONE GPU, each with its own NCCL_HOSTID
     P=$R/nccl-probe; mkdir -p $P  # packed into results-nccl-probe.tgz ($OUT takes 8 files)
     for n in ${PROBE_WORLDS:-2 4 8}; do
@@ -173,13 +176,13 @@ case "$1" in
   nccl-teardown)
     P=$R/nccl-teardown; mkdir -p $P
     BENCH_WORLDS=${TEARDOWN_WORLDS:-2 4 8}; [ "$BENCH_WORLDS" = none ] && BENCH_WORLDS=  # the harness's runs only
-    PIDS=()  # a bare `wait` would wait for the nvidia-smi sampler too
+    PIDS=()
     for n in $BENCH_WORLDS; do
       PYTHONPATH=$PWD_ROOT${PYTHONPATH:+:$PYTHONPATH} timeout -s TERM ${TEARDOWN_BENCH_TIMEOUT_S:-200} \
         python3 bench/teardown.py --nccl-shared-gpu --nproc $n --count ${TEARDOWN_COUNT:-1} \
         --kinds ${TEARDOWN_KINDS:-raise,sigkill,hang} --pg-timeout 10 ${TEARDOWN_RANKS:+--inject-ranks $TEARDOWN_RANKS} \
         --keep-missed "$P/missed-world$n" > "$P/bench-world$n.log" 2>&1 & PIDS+=($!)
-    done; wait "${PIDS[@]}"
+    done; wait_jobs "${PIDS[@]}"
     # the rows as before, then each missed guarded run (the runs' lines start with two spaces;
     # a missed run's stage directory is in $P/missed-world$n/, packed below)
     for n in $BENCH_WORLDS; do echo "== bench world $n"; grep -v '^  ' "$P/bench-world$n.log" | tail -n 12
@@ -314,10 +317,11 @@ PY
       --cells '*save=tp1-etp1-ep8-pp1*' --cells '*save=tp2-etp2-ep4-pp1*' --cells 'gpu-world1*' ;;
   golden) $H run --label golden --jobs 8 --scenario gpu-golden --scenario gpu-golden-witness ;;
   nano)  # the Nano QAD cell (save tp1-etp1-ep8 -> load tp4-etp1-ep8, patched) three times at once
+    PIDS=()
     for i in 1 2 3; do
       $H run --label nano$i --jobs 2 --scenario gpu-fix \
-        --cells 'gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' > "$OUT/nano$i.log" 2>&1 &
-    done; wait; tail -n 8 "$OUT"/nano*.log ;;
+        --cells 'gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' > "$OUT/nano$i.log" 2>&1 & PIDS+=($!)
+    done; wait_jobs "${PIDS[@]}"; tail -n 8 "$OUT"/nano*.log ;;
   routing)  # the Nano cell and a passing tp4-etp1-ep8 load, with router selections recorded
     $H run --label routing --jobs 4 --scenario gpu-fix \
       --cells 'gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]' \
