@@ -95,3 +95,16 @@ def test_rejudged_compares_runs_recorded_under_different_rules(capsys):
     assert "'unexpected-failure' != 'pass'" in capsys.readouterr().out
     assert main(["equivalence", "--outcomes-only", "--rejudged", gloo, nccl]) == 0
     assert "equivalent: 2 cells both ran" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("nccl_run, differs_unrejudged", [
+    ("20261206-152142-nccl-cells.results.json", True),    # fix cell: gloo's day asserted cross-topology logits
+    ("20261206-152801-nccl-cells.results.json", False)])  # witness: the collision, same key on both
+def test_the_nano_production_shape_gives_the_same_answer_on_nccl(capsys, nccl_run, differs_unrejudged):
+    """Recorded: the Nano production shape (128 experts, 23 layers) on gloo ranks sharing an
+    H200 (2026-12-03) and on 8 NCCL ranks sharing an H100 (2026-12-06, issue 42 item 4)."""
+    gloo, nccl = (str(RUN.parent / f) for f in ("20261203-034324-shape-nano.results.json", nccl_run))
+    assert main(["equivalence", "--outcomes-only", gloo, nccl]) == int(differs_unrejudged)
+    capsys.readouterr()
+    assert main(["equivalence", "--outcomes-only", "--rejudged", gloo, nccl]) == 0
+    assert "equivalent: 1 cells both ran" in capsys.readouterr().out
