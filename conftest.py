@@ -59,9 +59,37 @@ def _own_gpus(config) -> None:
         config.workerinput["workerid"], gpus, workers)
 
 
+TEST_REQUIREMENTS = Path(__file__).parent / "requirements" / "test.txt"
+
+
+def wrong_test_stack() -> list[str]:
+    """The pins of requirements/test.txt this interpreter does not have, as ``name==pin (found
+    X)``. The suite relies on them: the group-id workaround below reads pytest 9.2's private
+    node ids, and every test's bound is pytest-timeout's."""
+    import re
+    from importlib.metadata import PackageNotFoundError, version
+
+    wrong = []
+    for line in TEST_REQUIREMENTS.read_text().splitlines():
+        pin = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line.strip())
+        if not pin:
+            continue
+        try:
+            found = version(pin[1])
+        except PackageNotFoundError:
+            found = "none"
+        if found != pin[2]:
+            wrong.append(f"{pin[1]}=={pin[2]} (found {found})")
+    return wrong
+
+
 def pytest_configure(config):
     from harness.launch.signals import exit_cleanly_on_sigterm
 
+    wrong = wrong_test_stack()
+    if wrong:
+        raise pytest.UsageError(f"requirements/test.txt: this suite needs {', '.join(wrong)}; "
+                                "install them: python -m pip install -r requirements/test.txt")
     exit_cleanly_on_sigterm()
     if hasattr(config.option, "loadscopereorder"):  # xdist keeps the order conftest gives
         config.option.loadscopereorder = False
@@ -77,6 +105,7 @@ def pytest_configure(config):
     config.harness_run_dir = RunDir.new(Path(config.getoption("--results-root")), "pytest").root
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: `-p no:xdist` runs without it
 def pytest_configure_node(node):  # xdist hook: hand run directory and GPU list to each worker
     node.workerinput["harness_run_dir"] = str(node.config.harness_run_dir)
     node.workerinput["harness_gpus"] = node.config.harness_gpus
@@ -150,6 +179,19 @@ def _scenario_dir() -> Path:
     return Path(os.environ.get("HARNESS_SCENARIO_DIR") or SCENARIO_DIR)
 
 
+# Beyond its stages' own timeouts (each torn down within seconds of it): starting the run, a
+# golden copy, judging, writing the record.
+CELL_MARGIN_S = 180
+
+
+def cell_timeout_s(cell) -> float:
+    """The test's bound (pytest-timeout): its save and its load may each run to the scenario's
+    stage timeout. Past it the controller itself is stuck: its stacks are printed, the test
+    fails and the run goes on (issue 51: a hang must not eat the CI job's 90 minutes)."""
+    stages = 1 if cell.load is None else 2
+    return stages * cell.scenario.stage_timeout_s + CELL_MARGIN_S
+
+
 def _registered_markers(config) -> set[str]:
     return {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
 
@@ -180,7 +222,8 @@ def pytest_generate_tests(metafunc):
         marks += [getattr(pytest.mark, m) for m in scenario.markers if m not in MARKS.values()]
         for cell in cells:
             group = pytest.mark.xdist_group(cell.save_id)
-            params.append(pytest.param(cell, id=cell.id, marks=[*marks, group]))
+            bound = pytest.mark.timeout(cell_timeout_s(cell))
+            params.append(pytest.param(cell, id=cell.id, marks=[*marks, group, bound]))
     every_tier = [getattr(pytest.mark, m) for m in MARKS.values()]  # shown under any -m tier
     for exc in errors:
         if wanted and exc.name not in wanted:

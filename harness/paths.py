@@ -28,7 +28,22 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
 
+def new_directory(parent: Path, stem: str) -> Path:
+    """``parent/stem``, or ``stem-2``, ``stem-3``, ... when it exists: created here, so no other
+    process (another run, an xdist worker, a second `make`) gets the same one (mkdir is atomic)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = parent / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"{parent}: no free directory for {stem}")
+
+
 RESULTS_FILE = "results.json"  # a run's records, in every run directory
+SAVED_KEYS_DIR = "saved-keys"  # a save stage's keys per rank, in its stage directory
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,16 @@ class SaveDir:
         """The save's StageResult, written once: a later cell of the same save reuses it."""
         return self.root / "stage.json"
 
+    def saved_keys(self, rank: int) -> Path:
+        """The ShardedTensor keys rank ``rank`` handed to the save, one a line (the rank
+        writes them into its stage directory, this one: harness/rank/stages.py)."""
+        return self.root / SAVED_KEYS_DIR / f"rank{rank}.txt"
+
+    @property
+    def lock(self) -> Path:
+        """Held (flock) while a process runs or reads this save (harness/run/cell.py)."""
+        return self.root / ".lock"
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -71,16 +96,7 @@ class RunDir:
     def new(cls, results_root: Path = RESULTS_DIR, label: str = "run") -> "RunDir":
         """A fresh directory no other run in this checkout can get: runs started in the same
         second (or by two processes at once) get ``-2``, ``-3``, ... (mkdir is atomic)."""
-        results_root.mkdir(parents=True, exist_ok=True)
-        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{label}"
-        for n in range(1, 10_000):
-            run = results_root / (stem if n == 1 else f"{stem}-{n}")
-            try:
-                run.mkdir()
-                return cls(run)
-            except FileExistsError:
-                continue
-        raise RuntimeError(f"{results_root}: no free run directory for {stem}")
+        return cls(new_directory(results_root, f"{time.strftime('%Y%m%d-%H%M%S')}-{label}"))
 
     @staticmethod
     def results_files(results_root: Path) -> list[Path]:
@@ -110,6 +126,11 @@ class RunDir:
 
     def pool(self, name: str) -> Path:
         return self.root / "pools" / name
+
+    def new_pool(self, stem: str) -> Path:
+        """A warm pool's directory, created here and owned by the caller alone: ``stem``, or
+        ``stem-2``, ``stem-3``, ... when another process took it first (mkdir is atomic)."""
+        return new_directory(self.root / "pools", stem)
 
     @property
     def results(self) -> Path:

@@ -80,6 +80,12 @@ class CauseKind(StrEnum):
     EXIT = "exit"
     TIMEOUT = "timeout"
     HANG = "hang"
+    # The stage ended without an error, but not every rank of its world reported a result for it
+    # (harness/launch/torchrun.py): nothing shows the stage ran, so it did not pass.
+    NO_RESULT = "no-result"
+    # The save stage reported success, but its checkpoint is not there, not readable, or lacks
+    # keys its ranks said they wrote (harness/run/saved.py).
+    UNVERIFIED_SAVE = "unverified-save"
 
 
 EXPECT_MODES = tuple(m.value for m in ExpectMode)
@@ -177,6 +183,11 @@ class CellRecord:
     # harness/run/cell.py). None: recorded before the field, whose reason then said so
     # (harness/check/rejudge.py reads both).
     timed_out: bool | None = None
+    # What the ranks of each stage reported about where they ran, per stage (save, load): rank
+    # count, topologies, whether megatron-core's validation ran, the expert weight amax keys
+    # saved (harness/check/judge.py stage_evidence). An ``unexpected-pass`` needs it. None:
+    # recorded before the field.
+    evidence: dict | None = None
 
     @property
     def recipe_ref(self) -> str:
@@ -186,7 +197,7 @@ class CellRecord:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out"):  # fields younger than most committed runs
+        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out", "evidence"):  # fields younger than most committed runs
             if out[late] is None:
                 del out[late]
         return out

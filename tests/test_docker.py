@@ -120,6 +120,18 @@ def test_mamba_comes_from_its_requirements_file(parsed):
     assert pins == {"mamba-ssm", "causal-conv1d", "einops"}
 
 
+def test_installs_the_pinned_test_runner(parsed):
+    """The nightly image runs `make test-gpu`: it installs requirements/test.txt itself (issue 51:
+    the NGC base's pytest 9.1.1 could not collect the suite), the same file the cpu venv uses."""
+    assert ("COPY", "requirements/test.txt /tmp/requirements-test.txt") in parsed
+    runs = [rest for w, rest in parsed if w == "RUN"]
+    assert any(re.search(r"pip install -r /tmp/requirements-test\.txt", r) for r in runs)
+    pins = {line.split("==")[0] for line in (ROOT / "requirements/test.txt").read_text().splitlines()
+            if "==" in line and not line.startswith("#")}
+    assert pins == {"pytest", "pytest-xdist", "pytest-timeout"}
+    assert "-r test.txt" in (ROOT / "requirements/cpu.txt").read_text()
+
+
 def test_installs_pins_and_harness(parsed):
     runs = " ".join(rest for w, rest in parsed if w == "RUN")
     assert "megatron-core==${MEGATRON_CORE_VERSION}" in runs

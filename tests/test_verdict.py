@@ -94,9 +94,20 @@ def _doc(records, modelopt="9.9.9") -> dict:
             "cells": records}
 
 
+def _ran(cell) -> dict:
+    """What the ranks of the cell's stages report where every rank ran at its topology with
+    megatron-core's validation on (harness/check/judge.py stage_evidence)."""
+    def at(topo) -> dict:
+        return {"ranks": topo.world_size, "topologies": [topo.id], "validated": True}
+    out = {"save": {**at(cell.save), "expert_weight_amax_keys": 32}}
+    if cell.load:
+        out["load"] = at(cell.load)
+    return out
+
+
 def test_safe_when_bug_no_longer_reproduces():
     witness, fix = _evidence_ids(ULTRA)
-    recs = [_record(c.id, "unexpected-pass", c.expected) for c in witness]
+    recs = [_record(c.id, "unexpected-pass", c.expected, evidence=_ran(c)) for c in witness]
     recs += [_record(c.id, "pass") for c in fix]
     # a pair with a rule (0.47.0 + 0.19.2) whose witness stops failing: the bug is gone. An
     # unknown release is RULE UNKNOWN instead (test_a_pair_without_a_rule_...): never judged
@@ -104,8 +115,24 @@ def test_safe_when_bug_no_longer_reproduces():
     assert _by_job(verdict.judge_doc(_doc(recs, "0.47.0")))[ULTRA].word == verdict.SAFE
     # Nano: its save-only witness cell was expected to pass anyway.
     witness, fix = _evidence_ids(NANO)
-    recs = [_record(c.id, "unexpected-pass" if c.load else "pass", c.expected) for c in witness]
+    recs = [_record(c.id, "unexpected-pass" if c.load else "pass", c.expected, evidence=_ran(c))
+            for c in witness]
     assert _by_job(verdict.judge_doc(_doc(recs, "0.47.0")))[NANO].word == verdict.SAFE
+
+
+def test_a_pass_where_the_collision_was_expected_without_evidence_is_not_safe():
+    """Issue 51: a save that "passed" with no rank behind it was judged unexpected-pass and the
+    jobs candidates for un-quarantine. Without what the ranks reported (every rank, at the
+    cell's topology, validation on, expert amax saved) such a pass is a failure of the run."""
+    witness, fix = _evidence_ids(ULTRA)
+    for evidence in (None, {"save": {"ranks": 0, "topologies": [], "validated": True,
+                                     "expert_weight_amax_keys": 0}}):
+        recs = [_record(c.id, "unexpected-pass", c.expected, evidence=evidence) for c in witness]
+        recs += [_record(c.id, "pass") for c in fix]
+        vd = _by_job(verdict.judge_doc(_doc(recs, "0.47.0")))[ULTRA]
+        assert vd.word == verdict.UNEXPECTED, (evidence, vd.word)
+        outcomes = {e.outcome for e in vd.evidence if e.cell_id in {c.id for c in witness}}
+        assert outcomes == {"unexpected-failure"}, outcomes
 
 
 def test_unexpected_failure_exits_nonzero(tmp_path, capsys):

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${BOOTSTRAP_PYTHON:-python3}
 STAMP="$VENV/.requirements.sha256"
-want=$(cat requirements/installer.txt requirements/cpu.txt requirements/megatron-core.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements/installer.txt requirements/cpu.txt requirements/test.txt requirements/megatron-core.txt | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then exit 0; fi
 echo "bootstrap: creating $VENV from requirements/ (first run takes a few minutes)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"

@@ -39,6 +39,7 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
     for stage in (save, load):
         if stage is not None:
             under_version(rec, cell, stage)
+            note_evidence(rec, stage)
     skip = version_skip_reason(cell, rules_for(rec.modelopt, rec.mcore), rec.modelopt, rec.mcore)
     if save is None or (skip and not stopped):
         if stopped:
@@ -48,7 +49,7 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
     elif save.interrupted:
         interrupted(rec, save, save.interrupted)
     elif cell.load is None:
-        save_only(rec, save)
+        save_only(rec, save, cell.save)
     elif not save.ok:
         blocked(rec, save, cell.save.id)
     elif load is None:
@@ -56,7 +57,7 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
     elif load.interrupted:
         interrupted(rec, load, load.interrupted)
     else:
-        _load(rec, load, cell.known_gaps)
+        _load(rec, load, cell)
         rec.finding = topology_finding(rec.verify)
     settle_unknown(rec)
     return rec
@@ -223,13 +224,67 @@ def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str) -> No
             rec.reason = f"{stage.stage} stage timed out"
 
 
-def save_only(rec: CellRecord, save: StageResult) -> None:
+def save_only(rec: CellRecord, save: StageResult, topology) -> None:
     if not save.ok:
         failed_stage(rec, save, Expected.FAIL_SAVE)
     elif rec.expected == Expected.FAIL_SAVE:
-        rec.outcome, rec.reason = Outcome.UNEXPECTED_PASS, bug_gone_message(rec)
+        bug_gone(rec, Stage.SAVE, topology)
     else:
         rec.outcome = Outcome.PASS
+
+
+# What each stage's ranks stamp into their result about where they ran (harness/rank/stages.py).
+_RAN = {Stage.SAVE: "saved", Stage.LOAD: "loaded"}
+
+
+def stage_evidence(stage: StageResult) -> dict | None:
+    """What the ranks of a save or load stage reported about where they ran, or None when no
+    rank of it reported that (a recorded cell's stage, rebuilt to be judged again)."""
+    key = _RAN.get(stage.stage)
+    if key is None or not any(key in doc for doc in stage.rank_results.values()):
+        return None
+    ran = [doc.get(key) or {} for doc in stage.rank_results.values()]
+    evidence = {"ranks": len(ran), "topologies": sorted({r["topology"] for r in ran if r.get("topology")}),
+                "validated": all(r.get("validated") is True for r in ran)}
+    if stage.stage == Stage.SAVE:
+        evidence["expert_weight_amax_keys"] = sum(r.get("expert_weight_amax_keys") or 0 for r in ran)
+    return evidence
+
+
+def note_evidence(rec: CellRecord, stage: StageResult) -> None:
+    evidence = stage_evidence(stage)
+    if evidence is not None:
+        rec.evidence = {**(rec.evidence or {}), stage.stage: evidence}
+
+
+def missing_evidence(rec: CellRecord, stage: str, topology) -> str | None:
+    """Why the record does not show that its ``stage`` really ran where the collision should
+    have fired (every rank of ``topology``, megatron-core's validation on; a save: per-expert
+    weight amax saved), or None when it does. A pass without that is no news about the bug."""
+    ev = (rec.evidence or {}).get(stage)
+    if not ev:
+        return f"the record holds no evidence of where its {stage} stage ran"
+    if ev.get("ranks") != topology.world_size or ev.get("topologies") != [topology.id]:
+        return (f"{ev.get('ranks')} rank(s) reported a {stage} at {ev.get('topologies')}, not "
+                f"{topology.world_size} at {topology.id}")
+    if not ev.get("validated"):
+        return f"megatron-core's sharding validation was off in the {stage} stage"
+    if stage == Stage.SAVE and not ev.get("expert_weight_amax_keys"):
+        return "the save wrote no per-expert weight-quantizer amax: nothing could collide"
+    return None
+
+
+def bug_gone(rec: CellRecord, stage: str, topology) -> None:
+    """A stage passed where the pair's rule predicts the collision: ``unexpected-pass`` (the
+    bug is gone) only on positive evidence that it ran where the collision fires; otherwise an
+    ``unexpected-failure`` of the harness, with the missing evidence as its reason."""
+    why = missing_evidence(rec, stage, topology)
+    if why is None:
+        rec.outcome, rec.reason = Outcome.UNEXPECTED_PASS, bug_gone_message(rec)
+        return
+    rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, stage
+    rec.reason = (f"the {stage} passed where the collision was expected ({rec.expected}), but "
+                  f"{why}: no evidence about the bug either way")
 
 
 def blocked(rec: CellRecord, save: StageResult, save_id: str) -> None:
@@ -269,8 +324,9 @@ def verify_problems(verify: dict, known_gaps) -> list[str]:
     return problems
 
 
-def _load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
+def _load(rec: CellRecord, stage: StageResult, cell: CellPlan) -> None:
     """A load stage against the cell's expectation."""
+    known_gaps = cell.known_gaps
     if not stage.ok:
         failed_stage(rec, stage, Expected.FAIL_LOAD)
         if rec.expected == Expected.NOT_RESTORED and not stage.timed_out and is_amax_refusal(stage.cause):
@@ -290,8 +346,10 @@ def _load(rec: CellRecord, stage: StageResult, known_gaps) -> None:
                           "but every tensor matched: older checkpoints now load without the fix")
     elif rec.expected == Expected.AMAX_LOST:
         _amax_lost(rec, known_gaps, problems)
-    elif rec.expected in (Expected.FAIL_LOAD, Expected.FAIL_SAVE):
-        rec.outcome, rec.reason = Outcome.UNEXPECTED_PASS, bug_gone_message(rec)
+    elif rec.expected == Expected.FAIL_SAVE:
+        bug_gone(rec, Stage.SAVE, cell.save)
+    elif rec.expected == Expected.FAIL_LOAD:
+        bug_gone(rec, Stage.LOAD, cell.load)
     elif rec.expected == Expected.RESHARD_REFUSED and not problems:
         rec.outcome = Outcome.UNEXPECTED_PASS
         rec.reason = ("expected megatron-core to refuse the static per-block amax at another expert "

@@ -102,8 +102,8 @@ def _rejudgeable(rec: CellRecord, cell: CellPlan) -> bool:
     """Whether the record kept what its outcome was decided from: a load that ran its verify
     figures, a failure its failed stage (hand-written or truncated records may keep neither)."""
     outcome = rec.outcome
-    if outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.BLOCKED):
-        return True
-    if rec.failed_stage == Stage.VERIFY or (outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) and cell.load):
+    if outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.BLOCKED, Outcome.UNEXPECTED_PASS):
+        return True  # an unexpected pass stands only on the evidence it kept (judge.bug_gone)
+    if rec.failed_stage == Stage.VERIFY or (outcome == Outcome.PASS and cell.load):
         return bool(rec.verify)
-    return outcome in (Outcome.PASS, Outcome.UNEXPECTED_PASS) or bool(rec.failed_stage)
+    return outcome == Outcome.PASS or bool(rec.failed_stage)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from harness.launch.extensions import extensions_dir
@@ -18,12 +19,25 @@ STRIP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK
               "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
 
 
-def stage_env(stage: str, stage_dir: Path, timeout_s: float, pg_timeout_s: float | None, extra: dict | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in STRIP_ENV}
+# The stage's token: every rank stamps it into its result (harness/rank/guard.py write_result);
+# the controller counts only results that carry it, so a result some other stage or controller
+# left in the directory can never stand in for a rank of this one.
+TOKEN_ENV = "HARNESS_STAGE_TOKEN"
+
+
+def new_stage_token() -> str:
+    return uuid.uuid4().hex
+
+
+def stage_env(stage: str, stage_dir: Path, timeout_s: float, pg_timeout_s: float | None, extra: dict | None,
+              token: str | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in STRIP_ENV and k != TOKEN_ENV}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env["HARNESS_STAGE_DIR"] = str(stage_dir)
     env["HARNESS_STAGE"] = stage
     env["HARNESS_STAGE_TIMEOUT_S"] = str(timeout_s)
+    if token:
+        env[TOKEN_ENV] = token
     env.setdefault("HARNESS_PG_TIMEOUT_S", str(pg_timeout_s if pg_timeout_s is not None else 60))
     # cuBLAS picks a fixed reduction order only with a fixed workspace; the logits probe runs
     # under torch's deterministic algorithms (harness/rank/logits.py), which ask for this

@@ -30,7 +30,7 @@ import psutil
 from harness.jsonfile import write_json_atomic
 from harness.paths import RunDir
 from harness.tiers import STAGE_MODES, TIERS, StageMode, facts, on_cuda
-from harness.launch.command import make_stage_dirs, stage_env, start_torchrun
+from harness.launch.command import make_stage_dirs, new_stage_token, stage_env, start_torchrun
 from harness.launch.signals import shutdown_signal
 from harness.launch.teardown import end_session, kill_and_wait
 from harness.launch.torchrun import StageRun, not_started, supervise
@@ -39,7 +39,7 @@ from harness.launch.torchrun import StageRun, not_started, supervise
 JOB_ENV = ("HARNESS_INJECT",)
 # The controller's environment that a rank reads at start: a pool's key holds it.
 _KEY_ENV_PREFIXES = ("HARNESS_", "TORCH_", "NCCL_", "CUDA_", "MOE_CKPT_", "OMP_", "PYTHONPATH")
-_NOT_KEY = {*JOB_ENV, "HARNESS_STAGE_MODE", "HARNESS_STAGE_DIR", "HARNESS_STAGE",
+_NOT_KEY = {*JOB_ENV, "HARNESS_STAGE_MODE", "HARNESS_STAGE_DIR", "HARNESS_STAGE", "HARNESS_STAGE_TOKEN",
             "HARNESS_STAGE_TIMEOUT_S"}
 STOP_WAIT_S = 10.0  # a stopped pool's ranks leave in well under a second
 
@@ -126,12 +126,14 @@ class RankPool:
         # the first stage's clock starts with torchrun, as a fresh stage's does
         t0 = self.started_at if seq == 1 else time.time()
         env = {k: (job_env or {}).get(k, os.environ.get(k)) for k in JOB_ENV}
+        token = new_stage_token()
         write_json_atomic(self.dir / "jobs" / f"{seq}.json", {
             "seq": seq, "stage": stage, "spec": str(Path(spec_path).resolve()),
-            "stage_dir": str(stage_dir), "deadline": t0 + timeout_s, "env": env})
+            "stage_dir": str(stage_dir), "deadline": t0 + timeout_s, "env": env, "token": token})
         done_files = [self.dir / "done" / f"{seq}.rank{r}" for r in range(self.key.world)]
         try:
             run = supervise(stage, stage_dir, self.proc, t0, timeout_s, self.grace_s,
+                            world=self.key.world, token=token,
                             done=lambda: all(p.exists() for p in done_files),
                             before_collect=lambda: self._copy_log(stage_dir))
         except BaseException:
@@ -235,9 +237,13 @@ class PoolSet:
         return pool
 
     def _new_pool(self, key: PoolKey) -> RankPool:
+        """A pool in a directory no other pool gets, whatever process asks: pytest-xdist workers
+        share one run directory, each with a PoolSet counting from 1 (two workers once ran
+        their stages on one pool directory, and a stage whose jobs another pool's ranks
+        answered passed with 0 ranks: issue 51)."""
         self.started += 1
-        name = f"w{key.world}-{key.tier}-{key.patch}-{self.started}"
-        return RankPool(key, RunDir(Path(key.root)).pool(name))
+        stem = f"w{key.world}-{key.tier}-{key.patch}-p{os.getpid()}-{self.started}"
+        return RankPool(key, RunDir(Path(key.root)).new_pool(stem))
 
     def prestart(self, keys: list[PoolKey]) -> None:
         """Start one pool per entry of ``keys`` now (a key listed twice gets two), idle until a

@@ -20,12 +20,12 @@ import psutil
 
 from harness.jsonfile import read_json
 from harness.launch import failures as F
-from harness.launch.command import make_stage_dirs, stage_env, start_torchrun
+from harness.launch.command import make_stage_dirs, new_stage_token, stage_env, start_torchrun
 from harness.launch.nodes import Agents, join_agent_logs, start_agents
 from harness.launch.signals import SHUTDOWN, shutdown_signal
 from harness.launch.teardown import (POLL_S, Watch, agent_pids, alive, discover, kill_session,
                                      reap_leftovers)
-from harness.records import StageCause, StageResult
+from harness.records import CauseKind, StageCause, StageResult
 
 DUMP_SETTLE_S = 0.1  # after a stack dump file grew: faulthandler's last lines
 # The final kill's SIGTERM grace, after the tier's grace ran out: a rank that takes the SIGTERM
@@ -122,13 +122,15 @@ def run_stage(
         return not_started(stage, stage_dir)
     make_stage_dirs(stage_dir)
     t0 = time.time()
-    env = stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env)
+    token = new_stage_token()
+    env = stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env, token)
     if nodes > 1:
         proc = start_agents(stage, stage_dir, nproc, nodes, rank_module, rank_args, python, env)
     else:
         proc = start_torchrun(nproc, rank_module, rank_args, stage_dir / "torchrun.log", env, python)
     after = (lambda: join_agent_logs(stage_dir, nodes)) if nodes > 1 else None
-    return supervise(stage, stage_dir, proc, t0, timeout_s, grace_s, before_collect=after)
+    return supervise(stage, stage_dir, proc, t0, timeout_s, grace_s, world=nproc, token=token,
+                     before_collect=after)
 
 
 def not_started(stage: str, stage_dir: Path) -> StageRun:
@@ -139,13 +141,15 @@ def not_started(stage: str, stage_dir: Path) -> StageRun:
 
 
 def supervise(stage: str, stage_dir: Path, proc, t0: float, timeout_s: float, grace_s: float, *,
-              done: Callable[[], bool] | None = None,
+              world: int, token: str, done: Callable[[], bool] | None = None,
               before_collect: Callable[[], None] | None = None) -> StageRun:
     """Watch one stage of ``proc`` to its end and build its StageRun.
 
     Without ``done`` the stage ends with torchrun, which is then torn down. With ``done`` (a
     warm rank pool, harness/launch/pool.py) it also ends when ``done()`` says every rank has
     finished; a clean such end leaves torchrun running, anything else kills its session.
+    The stage passes only when each of its ``world`` ranks reported a result stamped with
+    ``token`` (fail closed: an exit code of 0 or a set of done files is no evidence).
     """
     w = Watch()
     timed_out = finished = False
@@ -161,7 +165,7 @@ def supervise(stage: str, stage_dir: Path, proc, t0: float, timeout_s: float, gr
     if before_collect:
         before_collect()
     return _collect(stage, stage_dir, proc, w, t0, all_gone, timed_out and not w.interrupted,
-                    leftovers, returncode=0 if finished else proc.returncode)
+                    leftovers, returncode=0 if finished else proc.returncode, world=world, token=token)
 
 
 def term_grace_s(stage_dir: Path) -> float:
@@ -258,9 +262,30 @@ def _size(path: Path) -> int:
         return 0
 
 
+def rank_results(stage_dir: Path, world: int, token: str) -> dict[int, dict]:
+    """The results this stage's ranks wrote: rank r of ``world``, stamped with ``token``
+    (harness/rank/guard.py write_result). A file of another stage, another controller or an
+    earlier use of the directory does not count."""
+    return {r: doc for r, doc in _read_jsons(stage_dir / "ranks").items()
+            if 0 <= r < world and doc.get("stage_token") == token}
+
+
+def no_result_cause(stage: str, stage_dir: Path, world: int, results: dict[int, dict],
+                    returncode: int | None) -> F.RankFailure:
+    """The cause of a stage that ended without an error but without every rank's result."""
+    missing = [r for r in range(world) if r not in results]
+    shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+    return F.RankFailure(
+        rank=missing[0], stage=stage, kind=CauseKind.NO_RESULT, exc_type="NoRankResult",
+        message=(f"{len(missing)} of {world} ranks reported no result for this stage (rank "
+                 f"{shown}; torchrun exit {returncode}): nothing shows they ran it; see "
+                 f"{stage_dir}/ranks and torchrun.log"))
+
+
 def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: Watch, t0: float,
-             all_gone: float, timed_out: bool, leftovers: list[int], returncode: int | None) -> StageRun:
-    results = _read_jsons(stage_dir / "ranks")
+             all_gone: float, timed_out: bool, leftovers: list[int], returncode: int | None,
+             world: int, token: str) -> StageRun:
+    results = rank_results(stage_dir, world, token)
     errors = list(_read_jsons(stage_dir / "errors").values())
     tr_log = (stage_dir / "torchrun.log").read_text(errors="replace")
     elastic = F.parse_elastic_failures(tr_log)
@@ -279,6 +304,8 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: Watch, t0: 
     failed = returncode != 0 or timed_out or bool(errors) or bool(w.interrupted)
     classify = failed and not w.interrupted  # an interrupted stage has no product failure to name
     cause, secondaries = F.classify(stage, errors, exits, timed_out=timed_out) if classify else (None, [])
+    if not failed and len(results) < world:  # fail closed: every rank must show it ran
+        failed, cause = True, no_result_cause(stage, stage_dir, world, results, returncode)
     first = w.first_failure_at
     if first is None and failed:
         first = min((f.time for f in [cause, *secondaries] if f and f.time), default=None)

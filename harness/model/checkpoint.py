@@ -15,14 +15,20 @@ def sharded_metadata(singleton_local_shards: bool) -> dict:
     return {"singleton_local_shards": singleton_local_shards}
 
 
-def save_checkpoint(model, ckpt_dir: Path, metadata: dict, validate: bool = True) -> None:
+def save_checkpoint(model, ckpt_dir: Path, metadata: dict, validate: bool = True) -> list[str]:
+    """Save through megatron-core; returns the ShardedTensor keys this rank handed to the save
+    (after megatron-core applied its factories in place), which the controller looks for in the
+    checkpoint's metadata (harness/run/saved.py)."""
     from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
     from modelopt.torch.opt.plugins.mcore_dist_checkpointing import save_sharded_modelopt_state
 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     sharded_sd = model.sharded_state_dict(metadata=metadata)
     dist_checkpointing.save(sharded_sd, str(ckpt_dir), validate_access_integrity=validate)
     save_sharded_modelopt_state([model], str(ckpt_dir))
+    return sorted({v.key for v in nested_values(sharded_sd) if isinstance(v, ShardedTensor)})
 
 
 def restore_modelopt_state(model, ckpt_dir: Path) -> None:

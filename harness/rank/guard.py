@@ -169,9 +169,11 @@ def guarded(stage: str, rank: int, stage_dir: Path, fn: Callable[[], Any]) -> An
 
 def write_result(rank: int, stage_dir: Path, result: dict | None) -> None:
     """The rank's figures, stamped with the time it wrote them (the rest of the stage wall is
-    its exit: run/cell.py ``_note_stage``)."""
+    its exit: run/cell.py ``_note_stage``) and with the stage's token, without which the
+    controller does not count it (harness/launch/torchrun.py ``rank_results``)."""
     write_json_atomic(stage_dir / "ranks" / f"rank{rank}.json",
-                      {**(result or {}), "result_written_at": time.time()})
+                      {**(result or {}), "result_written_at": time.time(),
+                       "stage_token": os.environ.get("HARNESS_STAGE_TOKEN", "")})
 
 
 def leave(code: int = 0) -> NoReturn:

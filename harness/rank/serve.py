@@ -28,7 +28,7 @@ from pathlib import Path
 
 POLL_S = 0.02
 OWNER_CHECK_S = 1.0  # how often an idle rank checks that the controller is still there
-STAGE_VARS = ("HARNESS_STAGE_DIR", "HARNESS_STAGE", "HARNESS_STAGE_TIMEOUT_S")
+STAGE_VARS = ("HARNESS_STAGE_DIR", "HARNESS_STAGE", "HARNESS_STAGE_TIMEOUT_S", "HARNESS_STAGE_TOKEN")
 
 
 def _owner_alive() -> bool:
@@ -60,7 +60,8 @@ def next_job(pool_dir: Path, seq: int) -> dict:
 def _job_env(job: dict, limit_s: float) -> None:
     """What a fresh torchrun gets in its environment for this stage (launch/command.py stage_env)."""
     os.environ.update({"HARNESS_STAGE_DIR": job["stage_dir"], "HARNESS_STAGE": job["stage"],
-                       "HARNESS_STAGE_TIMEOUT_S": str(limit_s)})
+                       "HARNESS_STAGE_TIMEOUT_S": str(limit_s),
+                       "HARNESS_STAGE_TOKEN": job.get("token", "")})
     for k, v in job.get("env", {}).items():  # variables rank code reads per stage (inject)
         if v is None:
             os.environ.pop(k, None)

@@ -54,7 +54,8 @@ def save_stage(spec: StageSpec) -> dict:
             save_logits(logits, ref_dir, "saved_model")
     clock.lap("reference")
     inject.point("before_save")
-    save_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.validate_sharding)
+    written = save_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.validate_sharding)
+    saved = record_saved_keys(rank, spec, written)
     clock.lap("save")
     if _measures_logits(spec) and _reload_keeps_state(spec):
         # The checkpoint's own logits at the save topology: what every reshard must reproduce.
@@ -76,7 +77,26 @@ def save_stage(spec: StageSpec) -> dict:
                 (ref_dir / "fp32_error.txt").write_text(error)
         clock.lap("reference_reload")
     return {"durations": clock.durations, "clock_started_at": clock.started_at,
-            "memory": peak_memory(), "reference_shards": shards, "amax_kinds": kinds}
+            "memory": peak_memory(), "reference_shards": shards, "amax_kinds": kinds,
+            "saved": saved}
+
+
+def record_saved_keys(rank: int, spec: StageSpec, keys: list[str]) -> dict:
+    """What this rank saved, as evidence the controller checks (harness/run/saved.py): its keys,
+    one a line, in ``<stage dir>/saved-keys/rank<r>.txt``; the counts, the topology it ran at
+    and whether megatron-core's validation ran go into its result."""
+    import os
+
+    from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
+    from harness.paths import SaveDir
+
+    out = SaveDir(Path(os.environ["HARNESS_STAGE_DIR"])).saved_keys(rank)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(f"{k}\n" for k in keys))
+    return {"topology": spec.topology, "world_size": torch.distributed.get_world_size(),
+            "validated": spec.validate_sharding, "tensor_keys": len(keys),
+            "expert_weight_amax_keys": sum(1 for k in keys
+                                           if is_expert_weight_amax(k) and WEIGHT_AMAX.search(k))}
 
 
 def _fresh_model(spec: StageSpec):
@@ -200,7 +220,9 @@ def load_stage(spec: StageSpec) -> dict:
             verify["logits_effect"] = _state_logits_effect(model, spec, metadata, reference)
     clock.lap("verify")
     return {"durations": clock.durations, "clock_started_at": clock.started_at,
-            "memory": peak_memory(), "verify": verify}
+            "memory": peak_memory(), "verify": verify,
+            "loaded": {"topology": spec.topology, "world_size": torch.distributed.get_world_size(),
+                       "validated": spec.validate_sharding}}
 
 
 def _state_logits_effect(model, spec: StageSpec, metadata, reference) -> dict | None:

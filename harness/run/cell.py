@@ -6,8 +6,10 @@ them into the cell's record, judged under the ModelOpt that the ranks imported.
 """
 from __future__ import annotations
 
+import fcntl
 import threading
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness.check import judge
@@ -20,6 +22,7 @@ from harness.paths import GOLDEN_DIR, RunDir, SaveDir
 from harness.rank.spec import StageSpec
 from harness.records import CellRecord, Stage, StageResult
 from harness.run.results import write_record
+from harness.run.saved import verified_save
 from harness.scenario.cells import Cell
 from harness.tiers import StageMode, facts
 
@@ -42,20 +45,37 @@ _save_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
 def run_save(cell: Cell, run_dir: RunDir | Path) -> StageResult:
     """The save stage for ``cell.save_id``; reused when an earlier cell already ran it.
 
+    One save runs once per run directory, whichever thread or process (pytest-xdist workers
+    share the run directory) asks first; the others wait for it here and reuse its result.
     Golden cells have no save-only cell to run first, so concurrent loads of one golden
-    serialize here on its preparation.
+    serialize here on its preparation. A save that passed counts only once its checkpoint is
+    checked (harness/run/saved.py).
     """
     run = RunDir.of(run_dir)
     save = run.save(cell.save_id)
-    with _save_locks[str(save.root)]:
+    with _save_locks[str(save.root)], _held(save.lock):
         if save.result.exists():
             return StageResult.from_json(read_json(save.result))
         if cell.golden:
             result = prepare_golden(cell.golden, save, cell.scenario.golden_root)
         else:
             result = _launch(_spec(cell, Stage.SAVE, cell.save, save), save.root, cell, run)
+            result = verified_save(save, result, cell.save.id, cell.save.world_size)
         write_json_atomic(save.result, result.to_json(), indent=2)
         return result
+
+
+@contextmanager
+def _held(lock: Path):
+    """An exclusive flock on ``lock`` (created with its directory) for the block: across
+    processes, as the thread lock above is within one."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def prepare_golden(name: str, save: SaveDir | Path, golden_root: Path = GOLDEN_DIR) -> StageResult:

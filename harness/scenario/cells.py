@@ -78,7 +78,9 @@ class Cell:
     def save_id(self) -> str:
         """Cells that share a save (same scenario settings, model size and topology) share one
         checkpoint; a model size other than the backend's default is part of the id, so two
-        scenarios of different sizes in one run never share a save directory."""
+        scenarios of different sizes in one run never share a save directory. So is every other
+        setting the save stage reads (its sharded layout, its reference reload): the Nano job's
+        plain-shards scenario once shared the singleton-shards scenario's save."""
         s = self.scenario
         if self.golden:
             return f"golden-{self.golden}"
@@ -87,6 +89,10 @@ class Cell:
         base = f"{s.tier}-{s.backend}-{s.patch}-{self.save.id}"
         if s.recipe != DEFAULT_RECIPE:  # another recipe is another checkpoint
             base += f"-r{hashlib.sha256(s.recipe.encode()).hexdigest()[:8]}"
+        if not s.singleton_local_shards:
+            base += "-plain-shards"
+        if not s.strict_load:
+            base += "-non-strict"
         if s.size == default_size(s.backend):
             return base
         return f"{base}-m{hashlib.sha256(repr(s.size).encode()).hexdigest()[:8]}"
