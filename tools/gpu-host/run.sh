@@ -46,6 +46,12 @@
 #   mamba-wheels  the wheels `mamba` compiled on this lease, into $OUT (15 MiB parts): carried
 #              back as .whl-mamba/built (tools/gpu-host/stage-mamba.sh --built), the next `mamba`
 #              installs them instead of compiling (683 s on 16 cores)
+#   test-gpu   issue 51: the nightly job's own command, `make test-gpu` (every gpu and gpu_shared
+#              item under pytest-xdist, PYTEST_WORKERS (5) workers), with the test runner of
+#              requirements/test.txt from a carried .whl-test (installed first on PYTHONPATH; the
+#              host's own pytest is refused by conftest.py); bounded by TEST_GPU_TIMEOUT_S (2700):
+#              SIGTERM then, the cells stop and pytest writes its JUnit file; the log and the
+#              JUnit file (per test: file, id, seconds, outcome) land in $OUT
 #   pause      sleep PAUSE_S (60): a second queue's first entry, so its load misses a timing
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 #   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
@@ -256,6 +262,15 @@ case "$1" in
       if [ $(stat -c %s "$f") -le $((15 * 1024 * 1024)) ]; then cp "$f" "$OUT/"
       else split -b 15M -d "$f" "$OUT/$(basename "$f").part"; fi
     done; ls -la "$OUT" ;;
+  test-gpu)
+    python3 -m pip install -q --no-index --no-deps --target /root/site-test .whl-test/*.whl || exit 2
+    export PYTHONPATH=/root/site-test${PYTHONPATH:+:$PYTHONPATH}
+    start=$(date +%s)
+    timeout -s TERM -k 60 ${TEST_GPU_TIMEOUT_S:-2700} make test-gpu PYTEST_WORKERS=${PYTEST_WORKERS:-5} \
+      RESULTS=$R PYTEST_ADDOPTS="-v --durations=30" > "$OUT/test-gpu.log" 2>&1
+    echo "make test-gpu: rc $? wall $(( $(date +%s) - start )) s"
+    tail -n 40 "$OUT/test-gpu.log"
+    cp $R/junit.xml "$OUT/junit-test-gpu.xml" 2>/dev/null ;;
   pause)  # PAUSE_S (60): a queue's first entry, to keep its CPU load off the other queue's timing
     sleep ${PAUSE_S:-60} ;;
   repro-modes)
