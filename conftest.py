@@ -77,7 +77,7 @@ def wrong_test_stack() -> list[str]:
         try:
             found = version(pin[1])
         except PackageNotFoundError:
-            found = "none"
+            found = "not installed"
         if found != pin[2]:
             wrong.append(f"{pin[1]}=={pin[2]} (found {found})")
     return wrong

@@ -45,7 +45,7 @@ NOT_THE_WORD = {
     ("harness/check/judge.py", "verify", 'get("verify"'): "the rank result's field of figures",
     ("harness/check/rejudge.py", "verify", '{"verify": rec.verify}'): "the rank result's field of figures",
     ("harness/check/rejudge.py", "verify", 'out["verify"]'): "the cell record's field",
-    ("harness/rank/stages.py", "verify", '"verify": verify}'): "the rank result's field of figures",
+    ("harness/rank/stages.py", "verify", '"verify": verify,'): "the rank result's field of figures",
     ("harness/rank/stages.py", "save", "clock.lap("): "a phase of the stage (`save.save` durations)",
     ("harness/rank/stages.py", "load", "clock.lap("): "a phase of the stage (`load.load` durations)",
     ("harness/rank/stages.py", "verify", "clock.lap("): "a phase of the load (`load.verify`)",
