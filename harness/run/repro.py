@@ -171,6 +171,7 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
 
 def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
     """The run's picture and report written, then what the evidence says and what to do next."""
+    from harness.fix import JOB_CHANGE
     from harness.records import Outcome, RunResults
     from harness.report.summary import write_report
 
@@ -192,7 +193,7 @@ def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
               "TP = ETP = 1 and passes")
     print(f"   picture: {picture}")
     print("   next steps:")
-    print("   - the fix, with no code change: MOE_CKPT_FIX=1 PYTHONPATH=<repo>/harness/fix/autoload "
+    print(f"   - the fix, with no code change: make fix-wheel, then in the job {JOB_CHANGE} "
           "(README, 'Using the fix'); or nvidia-modelopt 0.48.0rc1, which fixes both bugs on the "
           "baseline recipe (README, 'Not covered yet' for the jobs' own recipes)")
     print("   - your own checkpoint: python -m harness inspect <ckpt>  (layout, amax kind, what "
