@@ -58,8 +58,9 @@ class RunDir:
 
     ``saves/<save-id>/`` a save stage (SaveDir; a golden's verified copy stands in for it),
     ``cells/<cell-id>/load/`` a cell's load stage, ``cells/<cell-id>/record.json`` its record,
-    ``pools/<name>/`` the warm rank pools, ``results.json`` every record (harness/run/results.py),
-    ``summary.md`` and ``grid.png`` the report."""
+    ``pools/<name>/`` the warm rank pools, ``probes/<name>/`` a validation probe's stage and
+    ``probes.json`` its judged records (cpu repro), ``results.json`` every record
+    (harness/run/results.py), ``summary.md`` and ``grid.png`` the report."""
 
     root: Path
 
@@ -110,6 +111,13 @@ class RunDir:
 
     def pool(self, name: str) -> Path:
         return self.root / "pools" / name
+
+    def probe(self, name: str) -> Path:
+        return self.root / "probes" / name
+
+    @property
+    def probes(self) -> Path:
+        return self.root / "probes.json"
 
     @property
     def results(self) -> Path:
