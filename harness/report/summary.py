@@ -89,14 +89,18 @@ def _short_type(exception_type: str | None) -> str:
     return (exception_type or "").rsplit(".", 1)[-1]
 
 
+def _replicas(r: ProbeRecord) -> str:
+    """The failing key's count of main replicas, which validation needs to be exactly 1."""
+    return "" if r.main_replicas is None else f", main replicas {r.main_replicas}, not 1"
+
+
 def probe_cause(r: ProbeRecord) -> str:
     """What megatron-core's validation said in one probe: ``valid``, or the error's type, how
-    many keys it names, the first, and that key's count of main replicas (exactly 1 is valid)."""
+    many keys it names, the first, and that key's count of main replicas."""
     if not r.exception_type:
         return "valid"
-    replicas = "" if r.main_replicas is None else f", main replicas {r.main_replicas}, not 1"
     return (f"{_short_type(r.exception_type)} on {r.failing_keys} key(s), first "
-            f"`{r.failing_key}`{replicas}")
+            f"`{r.failing_key}`{_replicas(r)}")
 
 
 @dataclass(frozen=True)
@@ -129,12 +133,11 @@ def witnesses(results: Mapping[str, Any] | RunResults) -> list[Witness]:
     for p in run.probes:
         if p.outcome != Outcome.BUG_REPRODUCED:
             continue
-        replicas = "" if p.main_replicas is None else f", main replicas {p.main_replicas}, not 1"
         out.append(Witness(
             len(out) + 1, f"real validation at {p.topology}, {p.world} gloo ranks",
             f"per-expert amax as {PROBE_RULES.get(p.rule, p.rule)} builds it",
             f"megatron-core's validate_sharding_integrity raised {_short_type(p.exception_type)} "
-            f"on {p.failing_keys} key(s){replicas}", p.failing_key, ("probe", p.topology, p.rule)))
+            f"on {p.failing_keys} key(s){_replicas(p)}", p.failing_key, ("probe", p.topology, p.rule)))
     return out
 
 
