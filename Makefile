@@ -13,7 +13,7 @@ RESULTS ?= results
 help:             ## this list
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
-.PHONY: help repro test test-slow test-all test-gpu witness verdict gate report map matrix bench lint docker-build docker-repro clean
+.PHONY: help repro test test-slow test-all test-gpu witness verdict gate report map matrix bench lint docker-build docker-repro clean fix-wheel
 
 repro:            ## the main job: reproduce the bug, check the fix, on the best tier here
 	$(PY) -m harness --results-root $(RESULTS) repro
@@ -38,6 +38,9 @@ verdict:          ## un-quarantine verdict: judges $(RESULTS)/*/results.json, or
 
 gate:             ## un-quarantine gate per job on $(RESULTS)/*/results.json (GATE_PATCHED=1: the jobs apply harness.fix)
 	PY="$(PY)" RESULTS="$(RESULTS)" bash tools/unquarantine-gate.sh
+
+fix-wheel:        ## the fix for jobs: dist/moe_ckpt_fix-<version>-py3-none-any.whl (pip install it + MOE_CKPT_FIX=1; docs/fix.md)
+	$(PY) tools/fix-wheel/build.py dist
 
 report:           ## markdown summary + grid picture of the newest run
 	$(PY) -m harness --results-root $(RESULTS) report
@@ -65,7 +68,7 @@ docker-repro: docker-build
 	docker run --rm --gpus all --ipc=host -v $(PWD)/$(RESULTS):/workspace/harness/$(RESULTS) moe-ckpt-harness:local make repro
 
 clean:
-	rm -rf $(RESULTS) .pytest_cache
+	rm -rf $(RESULTS) .pytest_cache dist
 
 matrix:           ## decisive cells per (modelopt, megatron-core) pair: MODELOPT="0.47.0 0.48.0rc1" MCORE="0.15.x 0.16.x 0.19.2"
 	$(PY) -m harness --results-root $(RESULTS) matrix $(foreach v,$(MODELOPT),--modelopt $(v)) $(foreach v,$(MCORE),--mcore $(v))

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                         "with --patched), 1 UNEXPECTED FAILURE, 2 usage, 3 BLOCKED, 4 INCOMPLETE "
                         "/ NO EVIDENCE / RULE UNKNOWN")
     v.add_argument("--patched", action="store_true",
-                   help="with --gate: the job's pipeline applies harness.fix (MOE_CKPT_FIX=1)")
+                   help="with --gate: the job's pipeline applies the fix (installs the moe-ckpt-fix "
+                        "wheel of `make fix-wheel` and sets MOE_CKPT_FIX=1)")
     v.add_argument("--quarantine", metavar="FILE",
                    help="the job profiles to judge (default scenarios/quarantine.toml, or "
                         "$HARNESS_QUARANTINE): a job owner's own shapes, recipe and reload grid")

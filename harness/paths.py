@@ -83,8 +83,9 @@ class RunDir:
 
     ``saves/<save-id>/`` a save stage (SaveDir; a golden's verified copy stands in for it),
     ``cells/<cell-id>/load/`` a cell's load stage, ``cells/<cell-id>/record.json`` its record,
-    ``pools/<name>/`` the warm rank pools, ``results.json`` every record (harness/run/results.py),
-    ``summary.md`` and ``grid.png`` the report."""
+    ``pools/<name>/`` the warm rank pools, ``probes/<name>/`` a validation probe's stage and
+    ``probes.json`` its judged records (cpu repro), ``results.json`` every record
+    (harness/run/results.py), ``summary.md`` and ``grid.png`` the report."""
 
     root: Path
 
@@ -131,6 +132,13 @@ class RunDir:
         """A warm pool's directory, created here and owned by the caller alone: ``stem``, or
         ``stem-2``, ``stem-3``, ... when another process took it first (mkdir is atomic)."""
         return new_directory(self.root / "pools", stem)
+
+    def probe(self, name: str) -> Path:
+        return self.root / "probes" / name
+
+    @property
+    def probes(self) -> Path:
+        return self.root / "probes.json"
 
     @property
     def results(self) -> Path:

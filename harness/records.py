@@ -265,10 +265,43 @@ class Verify:
         return bool(self.figures)
 
 
+class ProbeRule(StrEnum):
+    """How a validation probe builds the per-expert amax (harness/rank/validation_probes.py)."""
+
+    BUGGY = "buggy"  # as nvidia-modelopt 0.47.0 does: the dense TP rank in the replica id
+    FIXED = "fixed"  # as the fix (and 0.48.0rc1) does: the expert TP rank
+
+
+@dataclass
+class ProbeRecord:
+    """megatron-core's real ``validate_sharding_integrity`` on per-expert amax built by one rule,
+    on gloo ranks and with no model: the cpu tier's witness of the collision, which its cells
+    (SequentialMLP, TP = ETP) cannot show. One entry of results.json's ``probes``; judged by
+    harness/check/probes.py."""
+
+    topology: str
+    rule: str  # ProbeRule
+    world: int
+    outcome: str
+    exception_type: str | None = None
+    failing_key: str | None = None  # the first key the error names
+    failing_keys: int = 0  # how many keys it names
+    main_replicas: int | None = None  # of the first key, as the error counts them
+    message: str | None = None  # the error's start
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "ProbeRecord":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known})
+
+
 @dataclass
 class RunResults:
     """One results.json (docs/records.md), read through ``from_json``; its cells are
-    CellRecords (a cell lacking a tier takes the run's)."""
+    CellRecords (a cell lacking a tier takes the run's), its probes ProbeRecords (cpu repro)."""
 
     run_id: str = "?"
     created: str = "unknown"
@@ -277,15 +310,17 @@ class RunResults:
     cells: list[CellRecord] = field(default_factory=list)
     incomplete: bool = False
     interrupted_by: str | None = None
+    probes: list[ProbeRecord] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "RunResults":
-        known = {f.name for f in fields(cls)} - {"cells"}
+        known = {f.name for f in fields(cls)} - {"cells", "probes"}
         given = {k: v for k, v in doc.items() if k in known and v is not None}
         run = cls(**given)
         run.versions = dict(run.versions or {})
         run.incomplete = doc.get("incomplete") is True
         run.cells = [CellRecord.of(c, tier=doc.get("tier")) for c in doc.get("cells") or []]
+        run.probes = [ProbeRecord.from_json(p) for p in doc.get("probes") or []]
         return run
 
     @classmethod
@@ -294,9 +329,11 @@ class RunResults:
 
     def to_json(self) -> dict:
         """results.json as written (harness/run/results.py collect): ``incomplete`` and
-        ``interrupted_by`` only on a run that was stopped."""
+        ``interrupted_by`` only on a run that was stopped, ``probes`` only on one that has them."""
         doc = {"run_id": self.run_id, "created": self.created, "versions": self.versions,
                "tier": self.tier, "cells": [c.as_dict() for c in self.cells]}
+        if self.probes:
+            doc["probes"] = [p.as_dict() for p in self.probes]
         if self.incomplete:
             doc.update(incomplete=True, interrupted_by=self.interrupted_by)
         return doc

@@ -114,3 +114,39 @@ def test_the_rule_checker_sees_what_it_must_refuse(tmp_path):
     mods = _imports(src, pkg="harness.check")
     assert {"harness.launch", "harness.launch.torchrun", "subprocess"} <= mods
     assert "launch" in FORBIDDEN["check"] and mods & PROCESS_MODULES
+
+
+FIX_PACKAGE = HARNESS.parent / "moe_ckpt_fix"
+
+
+def test_the_fix_package_imports_nothing_of_the_harness():
+    """moe_ckpt_fix is installed alone, as the moe-ckpt-fix wheel (docs/fix.md)."""
+    found = {str(p.relative_to(HARNESS.parent)): sorted(m for m in _imports(p, pkg="moe_ckpt_fix")
+                                                         if m.split(".")[0] == "harness")
+             for p in FIX_PACKAGE.rglob("*.py")}
+    assert FIX_PACKAGE.joinpath("__init__.py").is_file()
+    offenders = {k: v for k, v in found.items() if v}
+    assert not offenders, offenders
+
+
+def _module_imports(path: Path) -> set[str]:
+    """Modules imported as modules (``import a.b``, ``from a.b import c``): not the names taken."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_the_fix_submodules_are_imported_by_their_own_name():
+    """``harness.fix`` is the module object ``moe_ckpt_fix``; ``import harness.fix.<sub>`` would
+    load a second copy of ``<sub>`` (its own ``_applied`` state), so it is ``moe_ckpt_fix.<sub>``."""
+    root = HARNESS.parent
+    files = [p for d in ("harness", "tests", "tools", "bench") for p in (root / d).rglob("*.py")]
+    found = {str(p.relative_to(root)): sorted(m for m in _module_imports(p)
+                                              if m.startswith("harness.fix."))
+             for p in [*files, root / "conftest.py"]}
+    offenders = {k: v for k, v in found.items() if v}
+    assert not offenders, offenders

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cpu
 REPO = Path(__file__).resolve().parent.parent
 # Every target whose recipe runs the harness's Python (the others run bash scripts or docker).
 PYTHON_TARGETS = ("repro", "test", "test-slow", "test-all", "test-gpu", "witness", "verdict", "gate", "report", "map",
-                  "bench", "matrix")
+                  "bench", "matrix", "fix-wheel")
 
 
 @pytest.mark.parametrize("target", PYTHON_TARGETS)

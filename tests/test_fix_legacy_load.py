@@ -1,4 +1,4 @@
-"""The fix's back-compat load (harness/fix/legacy_load.py) on real megatron-core checkpoints.
+"""The fix's back-compat load (moe_ckpt_fix/legacy_load.py) on real megatron-core checkpoints.
 
 Tier cpu, 2 gloo ranks at ETP 2 (tests/rank_programs/legacy_load.py). Expectations come from the
 rules the loader promises, computed here from the rank program's known weights:

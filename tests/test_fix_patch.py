@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import harness.fix as fix
-from harness.fix import modelopt_0_47_0 as fx
+from moe_ckpt_fix import modelopt_0_47_0 as fx
 from harness.launch.bounded import Finished
 from tests.helpers import bounded
 

@@ -4,8 +4,9 @@
 # Per job, `python -m harness verdict --job ID --gate` prints its verdict and gate line; a job
 # whose gate passes is printed with the step that takes it out of quarantine. Exit codes:
 # README "The verdict". This script exits 0 only when every job's gate passes, else with the
-# first job's non-zero code. GATE_PATCHED=1: the jobs' pipelines apply harness.fix, so SAFE
-# WITH PATCH passes. PY: the interpreter (`make gate` passes the Makefile's).
+# first job's non-zero code. GATE_PATCHED=1: the jobs' pipelines apply the fix (the moe-ckpt-fix
+# wheel installed, MOE_CKPT_FIX=1; docs/fix.md), so SAFE WITH PATCH passes. PY: the interpreter
+# (`make gate` passes the Makefile's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PY:-$(bash tools/python.sh)} || exit 2

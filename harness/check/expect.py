@@ -2,7 +2,7 @@
 
 The golden cells have no save stage whose model could serve as the reference, so the reference
 is built here, in the controller, from the checkpoint files and the documented back-compat rules
-(harness/fix/legacy_load.py states them; this module re-derives them independently, reading the
+(moe_ckpt_fix/legacy_load.py states them; this module re-derives them independently, reading the
 files with torch's own DCP reader rather than the fix's code path):
 
 - a tensor the checkpoint holds loads bit-exact;

@@ -3,7 +3,7 @@ checked, no tensor read; ``--dry-run`` prints it):
 
 * every per-expert ``...experts.<e>.<linear>.weight_quantizer._amax`` the checkpoint lacks is
   written, by the rules of harness/check/expect.py (one place): from the grouped linear's shared
-  amax (what ModelOpt <= 0.46 applied to every expert of the grouped linear, harness/fix/
+  amax (what ModelOpt <= 0.46 applied to every expert of the grouped linear, moe_ckpt_fix/
   legacy_load.py (d)/(e)), else ``max|W_e|`` of the expert's whole saved weight (all its TP
   shards: the checkpoint holds the global tensor), what max calibration stores;
 * the shared amax keys are dropped (no per-expert model asks for them);

@@ -264,5 +264,5 @@ STAGES = {Stage.SAVE: save_stage, Stage.LOAD: load_stage, Stage.DUMP_METADATA: _
 def configure_warnings() -> None:
     """The warning filters every stage runs under (``harness.rank`` and the warm pool alike)."""
     warnings.filterwarnings("ignore", category=UserWarning)  # megatron / TE import noise
-    # ...but never the fix's back-compat notices (harness/fix/legacy_load.py), which name experts.
+    # ...but never the fix's back-compat notices (moe_ckpt_fix/legacy_load.py), which name experts.
     warnings.filterwarnings("always", message="moe-ckpt-fix")

@@ -2,13 +2,15 @@
 (``python -m harness verdict --job ID --gate [--patched]``; README "The verdict").
 
 Only SAFE lets a job out of quarantine; SAFE WITH PATCH does too when its pipeline applies
-harness.fix (``--patched``). Every other verdict keeps it in, each with its own code, so a log
-or a CI rule can tell "blocked" from "not enough evidence" from "something broke".
+the fix (``--patched``: it installs the moe-ckpt-fix wheel and sets MOE_CKPT_FIX=1). Every other
+verdict keeps it in, each with its own code, so a log or a CI rule can tell "blocked" from "not
+enough evidence" from "something broke".
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from harness.fix import JOB_CHANGE, WHEEL
 from harness.records import RunResults
 from harness.report import verdict as vd
 from harness.report.verdict_text import format_verdicts, no_evidence_line
@@ -56,15 +58,19 @@ def judge_job(docs: list[tuple[str, Mapping[str, Any]]], job_id: str) -> vd.Verd
 
 def gate_line(v: vd.Verdict, patched: bool, code: int) -> str:
     j = v.job
+    release = (f"drop the job's allow-to-fail line (quarantined for {j.issue.split()[0]}), then "
+               "remove its [[jobs]] entry from scenarios/quarantine.toml")
+    if code == EXIT_PASS and v.word == vd.SAFE_WITH_PATCH:
+        return (f"gate {j.id}: {v.word} -> exit 0: it may leave quarantine with the fix "
+                f"(--patched). Next step: in {j.pipeline}, (1) install the fix wheel, "
+                f"`pip install --no-deps {WHEEL}` (built by `make fix-wheel`), in the job's image "
+                f"or before its script; (2) set MOE_CKPT_FIX=1 in the job's variables; (3) {release}")
     if code == EXIT_PASS:
-        how = "with harness.fix (--patched)" if v.word == vd.SAFE_WITH_PATCH else "as it is"
-        return (f"gate {j.id}: {v.word} -> exit 0: it may leave quarantine {how}. Next step: in "
-                f"{j.pipeline} drop the job's allow-to-fail (quarantined for "
-                f"{j.issue.split()[0]}), then remove its [[jobs]] entry from "
-                "scenarios/quarantine.toml")
+        return (f"gate {j.id}: {v.word} -> exit 0: it may leave quarantine as it is. Next step: in "
+                f"{j.pipeline} {release}")
     if v.word == vd.SAFE_WITH_PATCH:
-        why = ("safe only with harness.fix; pass --patched if the job's pipeline applies it "
-               "(MOE_CKPT_FIX=1, README 'Using the fix')")
+        why = (f"safe only with the fix; pass --patched once the job's pipeline applies it "
+               f"({JOB_CHANGE}; README 'Using the fix')")
     else:
         why = v.detail
     return f"gate {j.id}: {v.word} -> exit {code}: stays quarantined: {why}"

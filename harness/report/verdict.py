@@ -7,7 +7,7 @@ save -> load cell). Per job and per modelopt version the verdict is one of:
 - ``SAFE``: the witness cells come back ``unexpected-pass`` / ``pass``: the bug no longer
   reproduces at the job's shapes on unpatched modelopt, so the job can leave quarantine as is.
 - ``SAFE WITH PATCH``: every fix cell at the job's shapes passes (with the witness, where
-  present, still reproducing): the job can leave quarantine with the patch (harness/fix).
+  present, still reproducing): the job can leave quarantine with the patch (moe_ckpt_fix).
 - ``BLOCKED``: the witness reproduces the bug at the job's shapes and no complete passing fix
   evidence is at hand.
 - ``INCOMPLETE``: the evidence at hand cannot decide (cells missing); nothing is guessed.

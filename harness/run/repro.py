@@ -1,7 +1,8 @@
 """``make repro``: show the bug and the fix on the best tier this machine has, within minutes.
 
 cpu (no GPU or no TE): the collision map, the real megatron-core validation reproducing the
-report's exception on gloo ranks, and the cpu-tier reshard grid. GPU host (TE + CUDA): the
+report's exception on gloo ranks (judged and kept in the run's results.json as its witness, so
+summary.md and grid.png show it), and the cpu-tier reshard grid. GPU host (TE + CUDA): the
 witness and the fix at the report's topology (tp4-etp1-ep8) on tier gpu-shared.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 from harness.paths import RunDir
+from harness.records import UNEXPECTED_OUTCOMES
 from harness.run.results import exit_code
 from harness.scenario import selections
 from harness.machine import tier_skip_reason, versions
@@ -17,6 +19,7 @@ from harness.tiers import Tier
 from harness.topology.topology import Topology
 
 VALIDATION_SHOWCASE = ["tp2-etp1-ep2", "tp1-etp2-ep1", "tp2-etp1-ep1", "tp1-etp1-ep2"]
+PROBE_WORLD = 2
 GPU_REPRO_CELLS = list(selections.listed("repro", "gpu_host"))  # scenarios/selections.toml
 CPU_REPRO_CELLS = list(selections.listed("repro", "cpu_only"))
 
@@ -38,37 +41,28 @@ def _show_map() -> None:
           f"{s['fixed_fail']} under the fix  (details: python -m harness map)")
 
 
-def _show_real_validation(run_dir: Path) -> bool:
-    from harness.topology.oracle import predicts_failure
+def _show_real_validation(run: RunDir) -> None:
+    """megatron-core's real validation on gloo ranks, judged per topology and rule and written
+    into the run (its probes.json: results.json, summary.md and grid.png show the witness)."""
+    from harness.check.probes import judge_probe
+    from harness.records import ProbeRule
+    from harness.report.summary import probe_cause
+    from harness.run.results import write_probes
     from harness.run.validation_probes import probe_oracle_world
 
     topos = [Topology.parse(t) for t in VALIDATION_SHOWCASE]
-    print("\n== megatron-core validate_sharding_integrity, real, on 2 gloo ranks "
+    print(f"\n== megatron-core validate_sharding_integrity, real, on {PROBE_WORLD} gloo ranks "
           "(per-expert amax built as modelopt 0.47.0 does / as the fix does)")
-    real = probe_oracle_world(topos, 2, 8, run_dir / "probe-oracle-w2")
-    agree = True
-    for t in topos:
-        r = real[t.id]
-        for rule in ("buggy", "fixed"):
-            predicted = predicts_failure(t, rule)
-            agree &= predicted == (r[rule] is not None)
-        print(f"   {t.id:18} 0.47.0: {_brief(r['buggy'])}")
-        print(f"   {'':18} fixed : {r['fixed'] or 'valid'}")
+    real = probe_oracle_world(topos, PROBE_WORLD, 8, run.probe(f"oracle-w{PROBE_WORLD}"))
+    records = [judge_probe(t.id, rule, PROBE_WORLD, real[t.id][rule])
+               for t in topos for rule in (ProbeRule.BUGGY, ProbeRule.FIXED)]
+    write_probes(records, run)
+    for r in records:
+        first = r.rule == ProbeRule.BUGGY
+        print(f"   {r.topology if first else '':18} {'0.47.0' if first else 'fixed ':6}: "
+              f"{r.outcome}: {probe_cause(r)}")
+    agree = not any(r.outcome in UNEXPECTED_OUTCOMES for r in records)
     print(f"   oracle agrees with the real validation on all {len(topos)} topologies: {agree}")
-    return agree
-
-
-def _brief(error: str | None) -> str:
-    """Exception type, first failing key and its main-replica count, from the real message."""
-    import re
-
-    if error is None:
-        return "valid"
-    keys = re.findall(r"ShardedTensor\(key='([^']+)'", error)
-    counts = re.findall(r"\): (tensor\(\[[^\]]*\][^)]*\))", error)
-    head = error.split(":", 1)[0]
-    return (f"{head} 'Invalid access pattern' on {len(keys)} key(s), first {keys[0]!r}, "
-            f"main replicas {counts[0] if counts else '?'}") if keys else error[:200]
 
 
 def _looks_like_gpu_host() -> bool:
@@ -155,12 +149,11 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
         print("   GPU tiers (gpu-shared, gpu) need a CUDA GPU + Transformer Engine; "
               "run `make repro` on a GPU host or in the docker image for the TEGroupedMLP path.")
         _show_map()
-        ok = _show_real_validation(RunDir.new(results_root, "repro-probe").root)
+        run = RunDir.new(results_root, "repro-cpu")
+        _show_real_validation(run)
         print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
         doc = run_cells(select_cells(scenarios, CPU_REPRO_CELLS),
-                        results_root, "repro-cpu", jobs=1)
-        if not ok:
-            return 1
+                        results_root, "repro-cpu", jobs=1, run_dir=run)
     if doc.get("incomplete"):
         print(f"\nrepro interrupted ({doc['interrupted_by']}) after {time.monotonic() - start:.0f} s")
     else:
@@ -171,8 +164,8 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
 
 def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
     """The run's picture and report written, then what the evidence says and what to do next."""
-    from harness.records import Outcome, RunResults
-    from harness.report.summary import write_report
+    from harness.fix import JOB_CHANGE
+    from harness.report.summary import witness_lines, witnesses, write_report
 
     run = RunDir(results_root / doc["run_id"])
     try:
@@ -180,19 +173,19 @@ def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
         picture = f"{run.grid} (report: {run.summary})"
     except Exception as exc:  # noqa: BLE001  (the picture must not hide the evidence)
         picture = f"not written ({type(exc).__name__}: {exc})"
-    bugs = [c for c in RunResults.of(doc).cells if c.outcome == Outcome.BUG_REPRODUCED]
+    found = witnesses(doc)
     print("\n== what this means")
-    if bugs:
-        c = bugs[0]
-        print(f"   the collision reproduced: {c.cell_id}: {c.exception_type}: "
-              f"{(c.message or '').splitlines()[0][:120]}")
-    elif not on_gpu:
-        print("   the collision: megatron-core's real validation above refuses the per-expert amax "
-              "whenever TP != ETP with ModelOpt 0.47.0's replica ids; the cpu grid reshards at "
-              "TP = ETP = 1 and passes")
+    if found:
+        print(f"   the collision reproduced ({len(found)} witness(es)); the first:")
+        print("\n".join(f"     {line}" for line in witness_lines(found[0])))
+    else:
+        print("   the collision did not reproduce in this run")
+    if not on_gpu:
+        print("   the cpu grid reshards at TP = ETP = 1 (SequentialMLP) and passes: the collision "
+              "needs TP != ETP, which the real validation above shows")
     print(f"   picture: {picture}")
     print("   next steps:")
-    print("   - the fix, with no code change: MOE_CKPT_FIX=1 PYTHONPATH=<repo>/harness/fix/autoload "
+    print(f"   - the fix, with no code change: make fix-wheel, then in the job {JOB_CHANGE} "
           "(README, 'Using the fix'); or nvidia-modelopt 0.48.0rc1, which fixes both bugs on the "
           "baseline recipe (README, 'Not covered yet' for the jobs' own recipes)")
     print("   - your own checkpoint: python -m harness inspect <ckpt>  (layout, amax kind, what "

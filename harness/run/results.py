@@ -8,32 +8,41 @@ from pathlib import Path
 
 from harness.jsonfile import write_json_atomic
 from harness.paths import RunDir
-from harness.records import UNEXPECTED_OUTCOMES, CellRecord, RunResults
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord, ProbeRecord, RunResults
 
 
 def write_record(record: CellRecord, path: Path) -> None:
     write_json_atomic(path, record.as_dict(), indent=2)
 
 
+def write_probes(records: list[ProbeRecord], run: RunDir) -> None:
+    """A run's judged validation probes, which ``collect`` puts into results.json."""
+    write_json_atomic(run.probes, [r.as_dict() for r in records], indent=2)
+
+
 def collect(run_dir: RunDir | Path, versions: dict, tier: str | None = None,
             interrupted: str | None = None) -> dict:
-    """Aggregate every cell's record.json under ``run_dir`` into results.json; a run stopped by
-    ``interrupted`` (a signal name) is marked incomplete. Returns the document written."""
+    """Aggregate every cell's record.json (and probes.json, where a probe ran) under ``run_dir``
+    into results.json; a run stopped by ``interrupted`` (a signal name) is marked incomplete.
+    Returns the document written."""
     run = RunDir.of(run_dir)
     cells = [CellRecord.from_json(json.loads(p.read_text())) for p in run.records()]
+    probes = ([ProbeRecord.from_json(p) for p in json.loads(run.probes.read_text())]
+              if run.probes.is_file() else [])
     results = RunResults(
         run_id=run.run_id, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         versions=versions, tier=tier or ",".join(sorted({c.tier for c in cells})), cells=cells,
-        incomplete=bool(interrupted), interrupted_by=interrupted)
+        incomplete=bool(interrupted), interrupted_by=interrupted, probes=probes)
     doc = results.to_json()
     write_json_atomic(run.results, doc, indent=2)
     return doc
 
 
 def exit_code(doc: dict) -> int:
-    """128 + signal for an interrupted run (as a shell reports it), 1 when any cell is
+    """128 + signal for an interrupted run (as a shell reports it), 1 when any cell or probe is
     unexpected, else 0."""
     if doc.get("incomplete"):
         sig = getattr(signal, doc.get("interrupted_by") or "", signal.SIGINT)
         return 128 + int(sig)
-    return 1 if any(c["outcome"] in UNEXPECTED_OUTCOMES for c in doc["cells"]) else 0
+    records = [*doc["cells"], *(doc.get("probes") or [])]
+    return 1 if any(r["outcome"] in UNEXPECTED_OUTCOMES for r in records) else 0

@@ -49,7 +49,7 @@ def model_parallel():
 def test_apply_installs_on_te_classes(patched):
     import modelopt.torch.quantization.plugins.custom as custom
     import modelopt.torch.quantization.plugins.megatron as mp
-    from harness.fix.modelopt_0_47_0 import _MARK
+    from moe_ckpt_fix.modelopt_0_47_0 import _MARK
 
     for target in (
         mp.make_sharded_tensors_for_checkpoint,

@@ -1,4 +1,4 @@
-"""Rank program: the fix's back-compat load (harness/fix/legacy_load.py) on 2 gloo ranks, ETP 2.
+"""Rank program: the fix's back-compat load (moe_ckpt_fix/legacy_load.py) on 2 gloo ranks, ETP 2.
 
 Why: the golden checkpoints need TE to load as a model; the loader's rules do not. Here two
 real megatron-core torch_dist checkpoints are written with hand-built ShardedTensors named like
@@ -89,7 +89,7 @@ def body() -> dict:
     import megatron.core.parallel_state as mpu
     from megatron.core import dist_checkpointing
 
-    from harness.fix.legacy_load import wrap_dist_load
+    from moe_ckpt_fix.legacy_load import wrap_dist_load
 
     rank, world = dist.get_rank(), dist.get_world_size()
     mpu.initialize_model_parallel(1, 1, expert_model_parallel_size=1,

@@ -25,7 +25,7 @@ c. ``_MegatronRowParallelLinear._get_shard_axis_dict`` only resolved ``weight_qu
    it now resolves the quantizer of every key, so experts >= 2 with block-shaped static amax are
    TP-sharded like expert 0.
 d., e. back-compat loading of older checkpoints (ModelOpt <= 0.46 shared weight-quantizer
-   amax; 0.47.0 checkpoints with experts' amax missing): harness/fix/legacy_load.py. These
+   amax; 0.47.0 checkpoints with experts' amax missing): moe_ckpt_fix/legacy_load.py. These
    are runtime-only (e wraps megatron-core's ``dist_checkpointing.load``); the upstream diff
    under patches/ carries a-c.
 """
@@ -189,13 +189,13 @@ def _require_calls(func, names, what):
     missing = [n for n in names if n not in func.__code__.co_names]
     if missing:
         raise Refused(
-            f"harness.fix: {what} does not reference {missing}; the installed modelopt is not the "
+            f"moe_ckpt_fix: {what} does not reference {missing}; the installed modelopt is not the "
             "0.47.0 source this fix was written for. Nothing was patched."
         )
 
 
 def apply() -> str:
-    """Install (a), (b), (c). Called through ``harness.fix.apply()`` after the version check."""
+    """Install (a), (b), (c). Called through ``moe_ckpt_fix.apply()`` after the version check."""
     global _applied
     if _applied is not None:
         return _applied
@@ -205,7 +205,7 @@ def apply() -> str:
 
     if not getattr(mp, "HAS_TE", False) or not hasattr(mp, "_QuantMegatronTEGroupedLinear"):
         raise TransformerEngineMissing(
-            "harness.fix: modelopt's Transformer Engine plugin classes "
+            "moe_ckpt_fix: modelopt's Transformer Engine plugin classes "
             "(_QuantMegatronTEGroupedLinear, TEGroupedMLP support) are not defined because "
             "transformer_engine / megatron.core.extensions.transformer_engine is not importable "
             "in this environment. The bug this fix addresses only exists with TEGroupedMLP; "
@@ -244,7 +244,7 @@ def apply() -> str:
     legacy_load.install_dist_load()
 
     _applied = (
-        "nvidia-modelopt 0.47.0 patched (harness.fix): "
+        "nvidia-modelopt 0.47.0 patched (moe_ckpt_fix): "
         "(a) per-expert weight_quantizer sharded entries of _QuantMegatronTEGroupedLinear use the "
         "expert TP/DP groups, replica_id=(0, etp_rank, edp_rank); "
         "(b) _ParallelLinear.modelopt_post_restore keeps every GroupedQuantizer member's amax; "

@@ -1,0 +1,58 @@
+"""Build the moe-ckpt-fix wheel: ``python tools/fix-wheel/build.py [OUT_DIR]`` (``make fix-wheel``,
+OUT_DIR default ``dist``); prints the wheel's path.
+
+The repository root's ``moe_ckpt_fix/`` (the one copy of the fix) and this directory's
+pyproject.toml, setup.py and moe_ckpt_fix.pth are copied into a temporary project, which
+``pip wheel --no-deps --no-build-isolation --no-index`` builds with the setuptools of the running
+interpreter: offline, and leaving no build/ or egg-info in the checkout.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+PACKAGE = "moe_ckpt_fix"
+PROJECT_FILES = ("pyproject.toml", "setup.py", "moe_ckpt_fix.pth")
+TIMEOUT_S = 300
+
+
+def build(out_dir: Path) -> Path:
+    """The wheel, written into ``out_dir`` (a wheel of the same name there is replaced)."""
+    sys.path.insert(0, str(REPO))
+    from harness.launch import bounded
+    from moe_ckpt_fix import WHEEL
+
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="moe-ckpt-fix-") as tmp:
+        project = Path(tmp) / "project"
+        shutil.copytree(REPO / PACKAGE, project / PACKAGE,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for name in PROJECT_FILES:
+            shutil.copy(HERE / name, project / name)
+        built = Path(tmp) / "wheels"
+        done = bounded.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                            "--no-build-isolation", "--no-index", "--wheel-dir", str(built),
+                            str(project)], TIMEOUT_S, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, cwd=tmp)
+        if done.timed_out or done.returncode != 0:
+            why = f"ran past {TIMEOUT_S} s" if done.timed_out else f"exit {done.returncode}"
+            raise RuntimeError(f"pip wheel {why}:\n{done.stdout}")
+        wheels = sorted(p.name for p in built.glob("*.whl"))
+        if wheels != [WHEEL]:
+            raise RuntimeError(f"pip wheel wrote {wheels}, expected [{WHEEL}] "
+                               "(moe_ckpt_fix.WHEEL and pyproject.toml disagree)")
+        return Path(shutil.copy(built / WHEEL, out_dir / WHEEL))
+
+
+if __name__ == "__main__":
+    try:
+        print(build(Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "dist")))
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
