@@ -39,6 +39,21 @@ def bounded_int(low: int, high: int):
     return parse
 
 
+def _add_gate_pair_args(v: argparse.ArgumentParser) -> None:
+    """``verdict --job ID --gate --modelopt V [--mcore V]``: the gate finds the committed records
+    of that pair by itself (harness/report/records_index.py); the gate's exit codes in --help."""
+    from harness.check.versions import REFERENCE_MCORE
+    from harness.report.gate import exit_codes_help
+
+    v.add_argument("--modelopt", metavar="V",
+                   help="with --gate: judge every committed record (tests/data/runs/) of "
+                        "nvidia-modelopt V, instead of --results")
+    v.add_argument("--mcore", metavar="V",
+                   help=f"with --modelopt: the megatron-core the job runs (default {REFERENCE_MCORE})")
+    v.formatter_class = argparse.RawDescriptionHelpFormatter
+    v.epilog = exit_codes_help()
+
+
 def main(argv: list[str] | None = None) -> int:
     from harness.tiers import STAGE_MODES
     from harness.launch.signals import interrupt_on_signals
@@ -115,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the job profiles to judge (default scenarios/quarantine.toml, or "
                         "$HARNESS_QUARANTINE): a job owner's own shapes, recipe and reload grid")
     v.set_defaults(fn=commands.cmd_verdict)
+    _add_gate_pair_args(v)
 
     rep = sub.add_parser("report", help="markdown summary + grid picture of a run")
     rep.add_argument("results", nargs="?", help="results.json (default: the newest run)")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness.check.recipes import KNOWN_RECIPES
 from harness.model.recipes import Recipe
-from harness.paths import REPO_ROOT
+from harness.paths import COMMITTED_RUNS
 from harness.records import Outcome
 from harness.tiers import Tier
 
@@ -20,7 +20,7 @@ from harness.tiers import Tier
 RAN = (Outcome.PASS, Outcome.BUG_REPRODUCED, Outcome.UNEXPECTED_FAILURE, Outcome.UNEXPECTED_PASS,
        Outcome.RULE_UNKNOWN, Outcome.KNOWN_REFUSAL)
 
-RUNS_DIR = REPO_ROOT / "tests" / "data" / "runs"
+RUNS_DIR = COMMITTED_RUNS
 
 
 @dataclass(frozen=True)
