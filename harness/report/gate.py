@@ -78,16 +78,27 @@ def pair_of_runs(runs: list[RunResults]) -> Pair | None:
     return pairs[0] if pairs else None
 
 
-def judge_job(docs: list[tuple[str, Mapping[str, Any]]], job_id: str
+def judge_job(docs: list[tuple[str, Mapping[str, Any]]], job_id: str,
+              quarantine: vd.Quarantine | None = None, scenarios: list | None = None
               ) -> tuple[vd.Verdict, dict[str, str]]:
     """The job's verdict from every given run together (newer runs win for the same cell), and
-    the file each evidence cell's record came from. The runs must share one pair."""
+    the file each evidence cell's record came from. The runs must share one pair.
+    ``quarantine``: other job profiles than scenarios/quarantine.toml's; ``scenarios``: the
+    scenarios already read."""
     runs = [(label, RunResults.of(doc)) for label, doc in docs]
     pair_of_runs([r for _, r in runs])
     sources = vd.merged_sources(runs)
-    verdicts = vd.judge_records({cid: rec for cid, (_, rec) in sources.items()})
+    verdicts = vd.judge_records({cid: rec for cid, (_, rec) in sources.items()}, quarantine,
+                                scenarios)
     v = next(v for v in verdicts if v.job.id == job_id)
     return v, {e.cell_id: sources[e.cell_id][0] for e in v.evidence if e.cell_id in sources}
+
+
+def interrupted_runs(v: vd.Verdict, docs: list[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """The labels of the runs that were stopped early and hold a cell of the job."""
+    ids = {e.cell_id for e in v.evidence}
+    return [label for label, doc in docs if RunResults.of(doc).incomplete
+            and any(c.cell_id in ids for c in RunResults.of(doc).cells)]
 
 
 def _host(tier: str, world: int) -> str:
@@ -114,7 +125,7 @@ def what_would_decide(job: vd.Job, pair: Pair | None, patched: bool, missing: li
         return (f"what would decide: a rule for {pair} in harness/check/versions.py (none yet: its "
                 "cells would be judged rule-unknown), then its cells run on a GPU host")
     witness, fix = vd.evidence_cells(job)
-    cells = fix if patched and rules is not None and rules.fix_applies else witness
+    cells = fix if fix and patched and rules is not None and rules.fix_applies else witness
     name = cells[0].scenario.name
     todo = [c for c in cells if c.id in missing] or cells
     if len(todo) == len(cells):
@@ -191,13 +202,11 @@ def _files_lines(v: vd.Verdict, docs: list[tuple[str, Mapping[str, Any]]], sourc
         used[label] = used.get(label, 0) + 1
     lines = [head, f"  the job's {len(v.evidence)} cells came from {len(used)} of them:"]
     lines += [f"    {label}: {n} cell(s)" for label, n in used.items()]
-    ids = {e.cell_id for e in v.evidence}
-    cut = [label for label, doc in docs if RunResults.of(doc).incomplete
-           and any(c.cell_id in ids for c in RunResults.of(doc).cells)]
+    cut = interrupted_runs(v, docs)
     if cut:
         lines.append(f"  interrupted (incomplete) runs, their cut cells count as missing: {', '.join(cut)}")
     missing = missing_cells(v, pair)
-    lines.append(f"  cells still missing: {', '.join(missing) if missing else 'none'}")
+    lines.append(f"  cells still missing: {', '.join(missing) if missing else 'no cell'}")
     return lines
 
 

@@ -237,7 +237,8 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
 def evidence_cells(job: Job, scenarios: list[Scenario] | None = None) -> tuple[list[Cell], list[Cell]]:
     """(witness cells, fix cells) of ``job``: its profile's scenarios at its save and reloads."""
     by_name = {s.name: s for s in (scenarios or load_all())}
-    return (job_cells(job, by_name[job.profile.witness]), job_cells(job, by_name[job.profile.fix]))
+    fix = job_cells(job, by_name[job.profile.fix]) if job.profile.fix else []
+    return job_cells(job, by_name[job.profile.witness]), fix
 
 
 def judge_records(records: Mapping[str, Record], quarantine: Quarantine | None = None,
