@@ -176,6 +176,12 @@ def _gate_committed(args) -> int:
         return gate.EXIT_USAGE
 
 
+def cmd_evidence(args) -> int:
+    from harness.report.evidence import main as evidence_main
+
+    return evidence_main(check=args.check)
+
+
 def cmd_report(args) -> int:
     from harness.report.summary import main as report_main
 

@@ -5,15 +5,14 @@ pair. Expectations come from the records, read here with plain json, and from th
 from the gate's output."""
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 
-from harness.check.rejudge import rejudge_record
-from harness.check.versions import REFERENCE_MCORE, rules_for
+from harness.check.versions import rules_for
 from harness.paths import COMMITTED_RUNS, REPO_ROOT
 from harness.report import gate, records_index, verdict
+from tests.helpers import committed_cells, expected_verdict, merged_pair
 
 pytestmark = pytest.mark.cpu
 
@@ -24,29 +23,7 @@ README_EXIT = {verdict.SAFE: (0, 0), verdict.SAFE_WITH_PATCH: (3, 0), verdict.BL
                verdict.UNEXPECTED: (1, 1)}
 
 
-def _raw_runs() -> list[tuple[str, str, list[dict]]]:
-    """(file, created, cells) of every committed record, each cell naming its pair: its own
-    ``modelopt``/``mcore``, else its run's versions; a run without megatron-core ran on the
-    reference (harness/check/versions.py REFERENCE_MCORE). A matrix.json keeps cells per version
-    and no ``created``: its name's stamp orders it."""
-    out = []
-    for p in sorted(COMMITTED_RUNS.glob("*.results.json")):
-        doc = json.loads(p.read_text())
-        v = doc.get("versions") or {}
-        cells = [{**c, "modelopt": c.get("modelopt") or v.get("nvidia-modelopt"),
-                  "mcore": c.get("mcore") or v.get("megatron-core") or REFERENCE_MCORE}
-                 for c in doc["cells"]]
-        out.append((p.name, doc["created"], cells))
-    for p in sorted(COMMITTED_RUNS.glob("*.matrix.json")):
-        stamp = p.name[:13]
-        created = f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}T{stamp[9:11]}:{stamp[11:13]}"
-        for part in json.loads(p.read_text()).values():
-            cells = [{**c, "mcore": c.get("mcore") or REFERENCE_MCORE} for c in part["cells"]]
-            out.append((p.name, created, cells))
-    return out
-
-
-RAW = _raw_runs()
+RAW = committed_cells()
 PAIRS = sorted({(c["modelopt"], c["mcore"]) for _, _, cells in RAW for c in cells})
 
 
@@ -65,49 +42,6 @@ def test_the_index_holds_every_pair_the_records_name_and_the_files_of_each():
     assert {c["mcore"] for c in rerun} == {"0.19.2"}
 
 
-def _merged(pair) -> dict[str, dict]:
-    """The pair's records together: the newer run wins for a cell, except that a skipped or
-    interrupted cell never hides a result (README: the gate's rule)."""
-    out: dict[str, dict] = {}
-    for _, _, cells in sorted(RAW, key=lambda r: r[1]):
-        for c in cells:
-            if (c["modelopt"], c["mcore"]) != pair:
-                continue
-            if c["outcome"] not in ("skipped", "interrupted") or c["cell_id"] not in out:
-                out[c["cell_id"]] = c
-    return out
-
-
-def _expected(job_id: str, pair) -> str | None:
-    """The verdict word the rules give the pair's records (None: nothing decides), each job cell
-    re-judged by today's judge (harness/check/rejudge.py)."""
-    job = gate.job_of(job_id)
-    witness, fix = verdict.evidence_cells(job)
-    merged = _merged(pair)
-
-    def outcomes(cells):
-        got = []
-        for c in cells:
-            rec = merged.get(c.id)
-            if rec is None or rec["outcome"] in ("skipped", "interrupted"):
-                got.append(None)
-            else:
-                got.append(rejudge_record(rec, c.plan)["outcome"])
-        return got
-
-    w, f = outcomes(witness), outcomes(fix)
-    if "unexpected-failure" in w + f:
-        return verdict.UNEXPECTED
-    if None not in w and set(w) <= {"pass", "unexpected-pass", "known-refusal"} \
-            and set(w) != {"known-refusal"}:
-        return verdict.SAFE
-    if None not in f and set(f) <= {"pass", "known-refusal"} and set(f) != {"known-refusal"}:
-        return verdict.SAFE_WITH_PATCH
-    if "bug-reproduced" in w:
-        return verdict.BLOCKED
-    return None
-
-
 def _gate(capsys, job_id, pair, patched) -> tuple[int, str]:
     rc = gate.main_committed(job_id, pair[0], pair[1], patched)
     return rc, capsys.readouterr().out
@@ -116,7 +50,7 @@ def _gate(capsys, job_id, pair, patched) -> tuple[int, str]:
 @pytest.mark.parametrize("pair", PAIRS, ids=[f"{m}+{c}" for m, c in PAIRS])
 @pytest.mark.parametrize("job_id", [NANO, ULTRA])
 def test_the_gate_over_the_committed_records_gives_the_rules_verdict(capsys, job_id, pair):
-    word = _expected(job_id, pair)
+    word = expected_verdict(RAW, gate.job_of(job_id), pair)
     for patched in (False, True):
         rc, out = _gate(capsys, job_id, pair, patched)
         last = out.splitlines()[-1]
@@ -139,10 +73,11 @@ def test_every_rows_pair_of_the_readme_is_decided_by_the_committed_records():
     refusal)."""
     for job_id in (NANO, ULTRA):
         for mcore in ("0.19.2", "0.16.1"):
-            assert _expected(job_id, ("0.47.0", mcore)) == verdict.SAFE_WITH_PATCH, (job_id, mcore)
-            assert _expected(job_id, ("0.48.0rc1", mcore)) == verdict.SAFE, (job_id, mcore)
+            job = gate.job_of(job_id)
+            assert expected_verdict(RAW, job, ("0.47.0", mcore)) == verdict.SAFE_WITH_PATCH, (job_id, mcore)
+            assert expected_verdict(RAW, job, ("0.48.0rc1", mcore)) == verdict.SAFE, (job_id, mcore)
         witness, _ = verdict.evidence_cells(gate.job_of(job_id))
-        merged = _merged(("0.47.0", "0.19.2"))
+        merged = merged_pair(RAW, ("0.47.0", "0.19.2"))
         assert "bug-reproduced" in {merged[c.id]["outcome"] for c in witness if c.id in merged}
 
 
@@ -199,7 +134,7 @@ def test_one_file_without_the_jobs_cells_points_at_the_committed_records(capsys)
     assert "GPU host" not in out
     command = out.split("hold them: ", 1)[1].strip()
     assert command == f"python -m harness verdict --job {NANO} --gate --modelopt 0.48.0rc1 --mcore 0.19.2"
-    assert _expected(NANO, ("0.48.0rc1", "0.19.2")) == verdict.SAFE  # and that command decides
+    assert expected_verdict(RAW, gate.job_of(NANO), ("0.48.0rc1", "0.19.2")) == verdict.SAFE  # and that command decides
 
 
 def test_an_unknown_version_is_one_line_exit_4(capsys):

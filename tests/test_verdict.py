@@ -153,6 +153,8 @@ def _no_evidence_line(out: str, files: int = 0) -> None:
     lines = out.splitlines()
     assert len(lines) == 1, out
     line = lines[0]
+    page = line.split("judged: ", 1)[1].split(",", 1)[0]
+    assert (RUNS.parent.parent.parent / page).is_file(), page
     assert "verdict --job ID --gate --modelopt V" in line
     assert ("GPU host" in line) == (files == 0), line
     if files:

@@ -1,6 +1,6 @@
 """What the committed GPU evidence covers: which of the jobs' recipes and modules have run.
 
-Why: a verdict is only true for what ran. The README's "Not covered yet" list must say which
+Why: a verdict is only true for what ran. The "Not covered yet" list of docs/evidence.md says which
 recipe or module has no committed GPU run, and tests/test_coverage.py keeps that list equal to
 what this module reads from tests/data/runs/: a recipe or module that gains evidence must leave
 the list, and a new one without evidence must join it.
@@ -68,5 +68,5 @@ def coverage(runs_dir: Path = RUNS_DIR) -> list[Item]:
 
 
 def not_covered(runs_dir: Path = RUNS_DIR) -> list[str]:
-    """The README's "Not covered yet" list, in its order."""
+    """The "Not covered yet" list of docs/evidence.md, in its order."""
     return [i.name for i in coverage(runs_dir) if not i.covered_by]

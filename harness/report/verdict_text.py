@@ -18,8 +18,8 @@ from harness.report.verdict import (INCOMPLETE, NO_EVIDENCE, UNDECIDED, Record, 
                                     run_pair)
 
 # Where a reader with no evidence at hand finds the committed evidence, judged.
-COMMITTED_EVIDENCE = ("the committed evidence, judged: python -m harness verdict --job ID --gate "
-                      "--modelopt V [--mcore V]")
+COMMITTED_EVIDENCE = ("the committed evidence, judged: docs/evidence.md, or python -m harness verdict "
+                      "--job ID --gate --modelopt V [--mcore V]")
 
 
 def existing_checkpoints(records: Mapping[str, Record], goldens: str) -> list[str]:
