@@ -192,10 +192,10 @@ def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
               "TP = ETP = 1 and passes")
     print(f"   picture: {picture}")
     print("   next steps:")
-    print("   - the fix, with no code change: MOE_CKPT_FIX=1 PYTHONPATH=<repo>/harness/fix/autoload "
-          "(README, 'Using the fix'); or nvidia-modelopt 0.48.0rc1, which fixes both bugs on the "
-          "baseline recipe (README, 'Not covered yet' for the jobs' own recipes)")
+    print("   - is your job safe on a release: python -m harness verdict --job <id> --gate "
+          "--modelopt V --mcore M [--patched]  (the committed GPU records of that pair; your own: "
+          "--results <results.json>; job profiles: scenarios/quarantine.toml; README 'The verdict')")
+    print("   - the fix for nvidia-modelopt 0.47.0, with no code change: MOE_CKPT_FIX=1 "
+          "(README 'Using the fix')")
     print("   - your own checkpoint: python -m harness inspect <ckpt>  (layout, amax kind, what "
           "each (modelopt, megatron-core) pair does with it); python -m harness repair SRC DST")
-    print("   - your job's verdict: python -m harness verdict --job <id> --gate --results "
-          "<results.json>  (job profiles: scenarios/quarantine.toml)")
