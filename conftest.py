@@ -237,8 +237,9 @@ def baseline_profiles(monkeypatch):
     """The quarantined jobs judged on the profile the committed runs were earned with
     (NVFP4_DEFAULT_CFG on the plain GPT, tests/data/quarantine-nvfp4-default.toml): tests that
     judge committed runs for a verdict use it; scenarios/quarantine.toml holds the jobs' own."""
-    monkeypatch.setenv("HARNESS_QUARANTINE",
-                       str(Path(__file__).parent / "tests" / "data" / "quarantine-nvfp4-default.toml"))
+    from harness.paths import BASELINE_QUARANTINE
+
+    monkeypatch.setenv("HARNESS_QUARANTINE", str(BASELINE_QUARANTINE))
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """``python -m harness <command>``: the one entry point (map, run, sample, repro, dump-metadata,
-verdict, report, inspect, repair, matrix, golden): its arguments, and the checks every command
+verdict, evidence, report, inspect, repair, matrix, golden): its arguments, and the checks every command
 that runs stages makes first. The commands' bodies are harness/commands.py. Rank programs
 (harness/rank/) are internal modules."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 # --help's text, as it always read
 DESCRIPTION = """``python -m harness <command>``: the one entry point (map, run, sample, repro, dump-metadata,
-verdict, report, inspect, repair, matrix, golden). Rank programs (harness/rank/) are internal modules."""
+verdict, evidence, report, inspect, repair, matrix, golden). Rank programs (harness/rank/) are internal modules."""
 
 
 def _quiet() -> None:
@@ -37,6 +37,32 @@ def bounded_int(low: int, high: int):
             raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high}")
         return value
     return parse
+
+
+def _add_gate_pair_args(v: argparse.ArgumentParser) -> None:
+    """``verdict --job ID --gate --modelopt V [--mcore V]``: the gate finds the committed records
+    of that pair by itself (harness/report/records_index.py); the gate's exit codes in --help."""
+    from harness.check.versions import REFERENCE_MCORE
+    from harness.report.gate import exit_codes_help
+
+    v.add_argument("--modelopt", metavar="V",
+                   help="with --gate: judge every committed record (tests/data/runs/) of "
+                        "nvidia-modelopt V, instead of --results")
+    v.add_argument("--mcore", metavar="V",
+                   help=f"with --modelopt: the megatron-core the job runs (default {REFERENCE_MCORE})")
+    v.formatter_class = argparse.RawDescriptionHelpFormatter
+    v.epilog = exit_codes_help()
+
+
+def _add_evidence_command(sub) -> None:
+    """``python -m harness evidence``: docs/evidence.md and the README's generated tables from
+    the committed records (harness/report/evidence.py)."""
+    e = sub.add_parser("evidence", help="write docs/evidence.md and the README's verdict tables "
+                                        "from the committed records, judged again by today's rules")
+    e.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when the committed page or README differ from "
+                        "what the records give now")
+    e.set_defaults(fn=commands.cmd_evidence)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the job profiles to judge (default scenarios/quarantine.toml, or "
                         "$HARNESS_QUARANTINE): a job owner's own shapes, recipe and reload grid")
     v.set_defaults(fn=commands.cmd_verdict)
+    _add_gate_pair_args(v)
+
+    _add_evidence_command(sub)
 
     rep = sub.add_parser("report", help="markdown summary + grid picture of a run")
     rep.add_argument("results", nargs="?", help="results.json (default: the newest run)")

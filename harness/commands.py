@@ -117,6 +117,8 @@ def cmd_verdict(args) -> int:
     except gate.GateUsage as exc:
         print(f"error: {exc}", file=sys.stderr)
         return gate.EXIT_USAGE
+    if getattr(args, "modelopt", None) or getattr(args, "mcore", None):
+        return _gate_committed(args)
     if args.results:
         from harness.check.results_file import ResultsFileError
 
@@ -151,6 +153,33 @@ def _judge(args, docs) -> int:
     except gate.GateUsage as exc:
         print(f"error: {exc}", file=sys.stderr)
         return gate.EXIT_USAGE
+
+
+def _gate_committed(args) -> int:
+    """``verdict --job ID --gate --modelopt V [--mcore V] [--patched]``: the gate on every
+    committed record of that pair (harness/report/gate.py main_committed); refused in one line
+    without --gate, without --modelopt, or beside --results."""
+    from harness.report import gate
+
+    try:
+        if not args.gate:
+            raise gate.GateUsage("--modelopt needs --gate (and --job ID): it picks the committed "
+                                 "records the gate judges")
+        if not args.modelopt:
+            raise gate.GateUsage("--mcore needs --modelopt")
+        if args.results:
+            raise gate.GateUsage("give --modelopt (the committed records of a pair) or "
+                                 "--results, not both")
+        return gate.main_committed(args.job, args.modelopt, args.mcore, args.patched)
+    except gate.GateUsage as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return gate.EXIT_USAGE
+
+
+def cmd_evidence(args) -> int:
+    from harness.report.evidence import main as evidence_main
+
+    return evidence_main(check=args.check)
 
 
 def cmd_report(args) -> int:

@@ -13,6 +13,14 @@ QUARANTINE_FILE = SCENARIO_DIR / "quarantine.toml"
 SELECTIONS_FILE = SCENARIO_DIR / "selections.toml"
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
 RESULTS_DIR = Path("results")  # relative to the working directory, like every CLI default
+# The committed GPU records (results.json and matrix.json of runs on lent GPU hosts): what the
+# gate finds by itself (harness/report/records_index.py) and docs/evidence.md is generated from.
+COMMITTED_RUNS = REPO_ROOT / "tests" / "data" / "runs"
+EVIDENCE_PAGE = REPO_ROOT / "docs" / "evidence.md"  # `python -m harness evidence` writes it
+README = REPO_ROOT / "README.md"
+# The jobs judged on the harness's first profile (NVFP4_DEFAULT_CFG on the plain GPT, each job's
+# save and its one reload): the profile most committed runs were earned with.
+BASELINE_QUARANTINE = REPO_ROOT / "tests" / "data" / "quarantine-nvfp4-default.toml"
 
 
 def shown_path(path: Path) -> str:

@@ -191,3 +191,77 @@ def make_checkpoints(root: Path, specs: dict[str, dict]) -> dict[str, Path]:
                     rank_module="tests.rank_programs.make_ckpt")
     assert run.ok, run.summary()
     return out
+
+
+# --- the committed records, read with plain json (tests of the gate and the evidence page) ----
+def committed_cells() -> list[tuple[str, str, list[dict]]]:
+    """(file, created, cells) of every committed record under tests/data/runs/, each cell naming
+    its pair: its own ``modelopt``/``mcore``, else its run's versions; a run without
+    megatron-core ran on the reference (harness/check/versions.py REFERENCE_MCORE). A matrix.json
+    keeps cells per version and no ``created``: its name's stamp orders it."""
+    import json
+
+    from harness.check.versions import REFERENCE_MCORE
+    from harness.paths import COMMITTED_RUNS
+
+    out = []
+    for p in sorted(COMMITTED_RUNS.glob("*.results.json")):
+        doc = json.loads(p.read_text())
+        v = doc.get("versions") or {}
+        cells = [{**c, "modelopt": c.get("modelopt") or v.get("nvidia-modelopt"),
+                  "mcore": c.get("mcore") or v.get("megatron-core") or REFERENCE_MCORE}
+                 for c in doc["cells"]]
+        out.append((p.name, doc["created"], cells))
+    for p in sorted(COMMITTED_RUNS.glob("*.matrix.json")):
+        stamp = p.name[:13]
+        created = f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}T{stamp[9:11]}:{stamp[11:13]}"
+        for part in json.loads(p.read_text()).values():
+            cells = [{**c, "mcore": c.get("mcore") or REFERENCE_MCORE} for c in part["cells"]]
+            out.append((p.name, created, cells))
+    return out
+
+
+def merged_pair(raw, pair) -> dict[str, dict]:
+    """The pair's records of ``raw`` (committed_cells) together: the newer run wins for a cell,
+    except that a skipped or interrupted cell never hides a result (README: the gate's rule)."""
+    out: dict[str, dict] = {}
+    for _, _, cells in sorted(raw, key=lambda r: r[1]):
+        for c in cells:
+            if (c["modelopt"], c["mcore"]) != tuple(pair):
+                continue
+            if c["outcome"] not in ("skipped", "interrupted") or c["cell_id"] not in out:
+                out[c["cell_id"]] = c
+    return out
+
+
+def expected_verdict(raw, job, pair) -> str | None:
+    """The verdict word the quarantine rules (harness/report/verdict.py's docstring) give the
+    pair's records of ``job``'s cells, each re-judged by today's judge (harness/check/rejudge.py);
+    None: nothing decides."""
+    from harness.check.rejudge import rejudge_record
+    from harness.report import verdict
+
+    witness, fix = verdict.evidence_cells(job)
+    merged = merged_pair(raw, pair)
+
+    def outcomes(cells):
+        got = []
+        for c in cells:
+            rec = merged.get(c.id)
+            if rec is None or rec["outcome"] in ("skipped", "interrupted"):
+                got.append(None)
+            else:
+                got.append(rejudge_record(rec, c.plan)["outcome"])
+        return got
+
+    w, f = outcomes(witness), outcomes(fix)
+    if "unexpected-failure" in w + f:
+        return verdict.UNEXPECTED
+    if None not in w and set(w) <= {"pass", "unexpected-pass", "known-refusal"} \
+            and set(w) != {"known-refusal"}:
+        return verdict.SAFE
+    if f and None not in f and set(f) <= {"pass", "known-refusal"} and set(f) != {"known-refusal"}:
+        return verdict.SAFE_WITH_PATCH
+    if "bug-reproduced" in w:
+        return verdict.BLOCKED
+    return None

@@ -1,4 +1,4 @@
-"""A scenario written from the README (issue 40 item 6): the README's example is a valid scenario,
+"""A scenario written from the docs (issue 40 item 6): docs/scenarios.md's example is a valid scenario,
 and a cpu scenario without ``known_gaps`` is judged with the local backend's own gap
 (harness/check/gaps.py), so its reloads do not fail on the LayerNorm input-quantizer amax that
 ModelOpt 0.47.0 does not restore. Judged by the one judge on stage results, no stage run.
@@ -33,15 +33,15 @@ loads = ["tp1-etp1-ep1", "tp1-etp1-ep1-pp2"]
 """
 
 
-def _readme_toml() -> str:
-    section = (REPO_ROOT / "README.md").read_text().split("## Scenario files", 1)[1].split("\n## ", 1)[0]
+def _docs_toml() -> str:
+    section = (REPO_ROOT / "docs" / "scenarios.md").read_text().split("## Scenario files", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```toml\n(.*?)```", section, re.S)
     return block
 
 
-def test_the_readmes_example_read_literally_is_the_scenario_it_quotes(tmp_path):
-    path = tmp_path / "from_readme.toml"
-    path.write_text(_readme_toml())
+def test_the_docs_example_read_literally_is_the_scenario_it_quotes(tmp_path):
+    path = tmp_path / "from_docs.toml"
+    path.write_text(_docs_toml())
     got = load_scenario(path)
     quoted = load_scenario(SCENARIO_DIR / "gpu_fix.toml")  # "From scenarios/gpu_fix.toml"
     assert replace(got, source="", description="") == replace(quoted, source="", description="")

@@ -173,13 +173,19 @@ def test_no_results_and_no_gpu_is_one_line(tmp_path, capsys, gate):
     assert not any(tmp_path.iterdir()), "no run directory: nothing ran"
 
 
-def _no_evidence_line(out: str) -> None:
+def _no_evidence_line(out: str, files: int = 0) -> None:
+    """One line pointing at the committed evidence (a page that exists, the gate that finds the
+    records itself); a GPU host is named only when nothing was given: results files given that
+    hold none of the jobs' cells came from a GPU host already (issue 53)."""
     lines = out.splitlines()
     assert len(lines) == 1, out
     line = lines[0]
-    assert "GPU host" in line and "README's verdict table" in line and "tests/data/runs/" in line
-    example = line.split("--results ", 1)[1].rstrip(")")
-    assert (RUNS.parent.parent.parent / example).is_file(), example  # a real committed run
+    page = line.split("judged: ", 1)[1].split(",", 1)[0]
+    assert (RUNS.parent.parent.parent / page).is_file(), page
+    assert "verdict --job ID --gate --modelopt V" in line
+    assert ("GPU host" in line) == (files == 0), line
+    if files:
+        assert f"none of the {files} results file(s)" in line
     assert "cpu tier" not in line
 
 
@@ -192,7 +198,7 @@ NO_JOB_CELLS = ["20261203-004730-density", "20261203-033850-pipeline", "20261203
 def test_results_without_evidence_say_so_once_not_per_file(capsys):
     docs = verdict.read_docs([RUNS / f"{n}.results.json" for n in NO_JOB_CELLS])
     assert verdict_text.main(docs) == 0
-    _no_evidence_line(capsys.readouterr().out)
+    _no_evidence_line(capsys.readouterr().out, files=len(NO_JOB_CELLS))
 
 
 def test_an_undecided_job_is_one_summary_line_with_gpu_advice(capsys):
@@ -263,11 +269,12 @@ def test_gate_exit_code_per_job_follows_from_the_committed_cells(run, capsys):
             out = capsys.readouterr().out
             want = (0 if patched else 3) if word == verdict.SAFE_WITH_PATCH else GATE_EXIT[word]
             assert rc == want, (job_id, patched, word, out)
-            if any(outcomes.get(c) for c in _gate_cell_ids(job_id)):
-                assert out.splitlines()[-1].startswith(f"gate {job_id}: {word} -> exit {want}:"), out
-                assert ("Next step:" in out) == (want == 0)
-            else:
-                _no_evidence_line(out)
+            assert out.splitlines()[-1].startswith(f"gate {job_id}: {word} -> exit {want}:"), out
+            assert ("Next step:" in out) == (want == 0)
+            if not any(outcomes.get(c) for c in _gate_cell_ids(job_id)):
+                # one line: the file holds none of the job's cells; what would decide it
+                assert len(out.splitlines()) == 1 and "what would decide:" in out, out
+                assert f"none of the 1 results file(s)" in out and "GPU host" not in out
 
 
 @pytest.mark.parametrize("patched", [False, True])

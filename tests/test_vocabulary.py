@@ -33,6 +33,7 @@ NOT_THE_WORD = {
     ("harness/machine.py", "gpu"): "the versions record's key for the GPU's name",
     ("harness/run/repro.py", "gpu"): "the versions record's key for the GPU's name",
     ("harness/report/verdict_text.py", "gpu"): "the versions record's key for the GPU's name",
+    ("harness/report/evidence.py", "gpu"): "the versions record's key for the GPU's name",
     ("bench/junit_times.py", "skipped"): "pytest's JUnit element and result word",
     # "none" in words: an empty list shown as text, or a library's own option value
     ("bench/grid.py", "none"): "no cells of any width",

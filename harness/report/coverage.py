@@ -1,6 +1,6 @@
 """What the committed GPU evidence covers: which of the jobs' recipes and modules have run.
 
-Why: a verdict is only true for what ran. The README's "Not covered yet" list must say which
+Why: a verdict is only true for what ran. The "Not covered yet" list of docs/evidence.md says which
 recipe or module has no committed GPU run, and tests/test_coverage.py keeps that list equal to
 what this module reads from tests/data/runs/: a recipe or module that gains evidence must leave
 the list, and a new one without evidence must join it.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness.check.recipes import KNOWN_RECIPES
 from harness.model.recipes import Recipe
-from harness.paths import REPO_ROOT
+from harness.paths import COMMITTED_RUNS
 from harness.records import Outcome
 from harness.tiers import Tier
 
@@ -20,7 +20,7 @@ from harness.tiers import Tier
 RAN = (Outcome.PASS, Outcome.BUG_REPRODUCED, Outcome.UNEXPECTED_FAILURE, Outcome.UNEXPECTED_PASS,
        Outcome.RULE_UNKNOWN, Outcome.KNOWN_REFUSAL)
 
-RUNS_DIR = REPO_ROOT / "tests" / "data" / "runs"
+RUNS_DIR = COMMITTED_RUNS
 
 
 @dataclass(frozen=True)
@@ -68,5 +68,5 @@ def coverage(runs_dir: Path = RUNS_DIR) -> list[Item]:
 
 
 def not_covered(runs_dir: Path = RUNS_DIR) -> list[str]:
-    """The README's "Not covered yet" list, in its order."""
+    """The "Not covered yet" list of docs/evidence.md, in its order."""
     return [i.name for i in coverage(runs_dir) if not i.covered_by]

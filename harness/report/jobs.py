@@ -27,6 +27,17 @@ def quarantine_path() -> Path:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """The job judged on another model or load path than its profile's (``[[jobs.profile.also]]``):
+    twin scenarios with the job's recipe and save; its own reload grid where it says one."""
+
+    model: str  # what differs, in words
+    witness: str
+    fix: str = ""  # no patched twin: judged on the witness alone
+    loads: tuple[Topology, ...] = ()  # () = the profile's grid
+
+
+@dataclass(frozen=True)
 class Profile:
     """What the job runs, as far as the harness models it: the recipe, the modules, the
     scenarios whose cells stand in for it, and its reload grid (the job's own reload first)."""
@@ -37,6 +48,7 @@ class Profile:
     fix: str  # scenario run with harness.fix (0.47.0)
     loads: tuple[Topology, ...]  # the reload grid at the job's save
     not_modelled: str = ""  # what the job does that no evidence cell does
+    also: tuple[Variant, ...] = ()  # the same job judged on other models or load paths
 
 
 @dataclass(frozen=True)
@@ -73,14 +85,25 @@ def _profile(j: dict, where: str) -> Profile:
     try:
         recipe = Recipe.parse(raw["recipe"]).ref
         loads = tuple(Topology.parse(t) for t in raw["loads"])
+        also = tuple(_variant(a, i) for i, a in enumerate(raw.get("also", ())))
         return Profile(recipe=recipe, modules=" ".join(raw["modules"].split()),
                        witness=raw["witness_scenario"], fix=raw["fix_scenario"], loads=loads,
-                       not_modelled=" ".join(raw.get("not_modelled", "").split()))
+                       not_modelled=" ".join(raw.get("not_modelled", "").split()), also=also)
     except KeyError as exc:
         raise ProfileError(f"{where}: jobs[{j.get('id')}].profile.{exc.args[0]}: required key "
                            "missing") from None
     except (RecipeError, ValueError) as exc:
         raise ProfileError(f"{where}: jobs[{j.get('id')}].profile: {exc}") from None
+
+
+def _variant(a: dict, i: int) -> Variant:
+    """``[[jobs.profile.also]]`` entry ``i``; a missing key is named ``also.<i>.<key>``."""
+    try:
+        return Variant(model=" ".join(a["model"].split()), witness=a["witness_scenario"],
+                       fix=a.get("fix_scenario", ""),
+                       loads=tuple(Topology.parse(t) for t in a.get("loads", ())))
+    except KeyError as exc:
+        raise KeyError(f"also.{i}.{exc.args[0]}") from None
 
 
 def load_quarantine(path: Path | None = None) -> Quarantine:
@@ -100,6 +123,14 @@ def load_quarantine(path: Path | None = None) -> Quarantine:
         for j in data["jobs"]
     )
     return Quarantine(jobs, data.get("goldens_scenario", ""))
+
+
+def variant_job(job: Job, variant: Variant) -> Job:
+    """``job`` with the variant's scenarios (and reload grid) standing in for its profile's."""
+    from dataclasses import replace
+
+    return replace(job, profile=replace(job.profile, witness=variant.witness, fix=variant.fix,
+                                        loads=variant.loads or job.profile.loads, also=()))
 
 
 def job_cells(job: Job, scenario: Scenario) -> list[Cell]:

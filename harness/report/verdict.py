@@ -69,6 +69,7 @@ class Verdict:
     detail: str
     tier: str
     evidence: list[Evidence] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # loads the rule refuses (known-refusal)
 
     @property
     def unexpected(self) -> bool:
@@ -180,7 +181,10 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
                          "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
                 for c, role, r in rows]
     tier = (witness or fix)[0].scenario.tier
-    v = lambda word, detail: Verdict(job, word, detail, tier, evidence)  # noqa: E731
+    # A known refusal (not the collision) keeps a job safe at the shapes that pass, and is said.
+    refused = sorted({c.load.id for c, _, r in rows
+                      if r and r.outcome == Outcome.KNOWN_REFUSAL and c.load is not None})
+    v = lambda word, detail: Verdict(job, word, detail, tier, evidence, refused)  # noqa: E731
 
     def ran(role):
         return [r.outcome for _, ro, r in rows if ro == role and r and r.outcome != Outcome.SKIPPED]
@@ -208,9 +212,6 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     reproduced = Outcome.BUG_REPRODUCED in w
     missing_fix = [e.cell_id for e in evidence
                    if e.role == Role.FIX and e.outcome in NOT_RUN]
-    # A known refusal (not the collision) keeps a job safe at the shapes that pass, and is said.
-    refused = sorted({c.load.id for c, _, r in rows
-                      if r and r.outcome == Outcome.KNOWN_REFUSAL and c.load is not None})
     caveat = (f"; NOT at {', '.join(refused)}: {SHAPE_REFUSAL_FINDING}" if refused else "")
     if w and complete(Role.WITNESS) and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS, Outcome.KNOWN_REFUSAL)
                                             for o in w) and set(w) != {Outcome.KNOWN_REFUSAL}:
@@ -233,13 +234,18 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
                 f"; outcomes {', '.join(e.outcome for e in evidence)}"))
 
 
+def evidence_cells(job: Job, scenarios: list[Scenario] | None = None) -> tuple[list[Cell], list[Cell]]:
+    """(witness cells, fix cells) of ``job``: its profile's scenarios at its save and reloads."""
+    by_name = {s.name: s for s in (scenarios or load_all())}
+    fix = job_cells(job, by_name[job.profile.fix]) if job.profile.fix else []
+    return job_cells(job, by_name[job.profile.witness]), fix
+
+
 def judge_records(records: Mapping[str, Record], quarantine: Quarantine | None = None,
                   scenarios: list[Scenario] | None = None) -> list[Verdict]:
     q = quarantine or load_quarantine()
-    by_name = {s.name: s for s in (scenarios or load_all())}
-    return [judge(j, job_cells(j, by_name[j.profile.witness]), job_cells(j, by_name[j.profile.fix]),
-                  records)
-            for j in q.jobs]
+    scenarios = scenarios or load_all()
+    return [judge(j, *evidence_cells(j, scenarios), records) for j in q.jobs]
 
 
 def doc_records(doc: RunResults | Mapping[str, Any]) -> dict[str, CellRecord]:
@@ -272,11 +278,16 @@ def run_pair(run: RunResults) -> str:
 def merged_records(runs: list[RunResults]) -> dict[str, CellRecord]:
     """The records of several runs together: for the same cell the newer run wins, except that
     a skipped or interrupted cell never hides a result."""
-    records: dict[str, CellRecord] = {}
-    for run in sorted(runs, key=lambda r: (str(r.created), str(r.run_id))):
+    return {cid: rec for cid, (_, rec) in merged_sources([("", r) for r in runs]).items()}
+
+
+def merged_sources(runs: list[tuple[str, RunResults]]) -> dict[str, tuple[str, CellRecord]]:
+    """``merged_records`` of (label, run) pairs, each winning record with its run's label."""
+    records: dict[str, tuple[str, CellRecord]] = {}
+    for label, run in sorted(runs, key=lambda lr: (str(lr[1].created), str(lr[1].run_id))):
         for cid, c in doc_records(run).items():
             if c.outcome not in (Outcome.SKIPPED, Outcome.INTERRUPTED) or cid not in records:
-                records[cid] = c
+                records[cid] = (label, c)
     return records
 
 

@@ -17,8 +17,9 @@ from harness.report.verdict import (INCOMPLETE, NO_EVIDENCE, UNDECIDED, Record, 
                                     judge_doc, judge_records, merged_records, run_modelopt,
                                     run_pair)
 
-# A committed run that decides both jobs: what the no-evidence line tells a reader to judge.
-COMMITTED_EXAMPLE = "tests/data/runs/20261204-023144-repro-gpu-new.results.json"
+# Where a reader with no evidence at hand finds the committed evidence, judged.
+COMMITTED_EVIDENCE = ("the committed evidence, judged: docs/evidence.md, or python -m harness verdict "
+                      "--job ID --gate --modelopt V [--mcore V]")
 
 
 def existing_checkpoints(records: Mapping[str, Record], goldens: str) -> list[str]:
@@ -67,12 +68,15 @@ def format_verdicts(title: str, verdicts: list[Verdict]) -> str:
     return "\n".join(lines)
 
 
-def no_evidence_line(tier: str) -> str:
-    """The one line for a verdict with no evidence at all: where evidence comes from."""
+def no_evidence_line(tier: str, files: int = 0) -> str:
+    """The one line for a verdict with no evidence at all: where evidence comes from. ``files``:
+    the results files given, none of which holds a cell of the jobs that ran; 0: nothing was
+    given and nothing could run here (the jobs' cells need a GPU host)."""
+    if files:
+        return (f"NO EVIDENCE: none of the {files} results file(s) holds a cell of the quarantined "
+                f"jobs' profiles (scenarios/quarantine.toml) that ran; {COMMITTED_EVIDENCE}")
     return (f"NO EVIDENCE: the quarantined jobs' cells run on tier {tier}: earning evidence needs "
-            "a GPU host (docs/gpu-host.md); the committed evidence is the README's verdict table "
-            f"and tests/data/runs/ (judge a committed run: python -m harness verdict --results "
-            f"{COMMITTED_EXAMPLE})")
+            f"a GPU host (docs/gpu-host.md); {COMMITTED_EVIDENCE}")
 
 
 def verdict_report(docs: list[tuple[str, Mapping[str, Any]]], job: str | None = None
@@ -121,7 +125,8 @@ def _undecided(verdicts: list[Verdict], files: int) -> list[str]:
     if not verdicts:
         return []
     if not any(v.ran for v in verdicts):
-        return [no_evidence_line(verdicts[0].tier)]
+        skipped_here = any(e.outcome == Outcome.SKIPPED for v in verdicts for e in v.evidence)
+        return [no_evidence_line(verdicts[0].tier, 0 if skipped_here else files)]
     decided = {v.job.id for v in verdicts if v.word not in UNDECIDED}
     lines = []
     for job_id in dict.fromkeys(v.job.id for v in verdicts):

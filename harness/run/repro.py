@@ -185,10 +185,10 @@ def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
               "needs TP != ETP, which the real validation above shows")
     print(f"   picture: {picture}")
     print("   next steps:")
-    print(f"   - the fix, with no code change: make fix-wheel, then in the job {JOB_CHANGE} "
-          "(README, 'Using the fix'); or nvidia-modelopt 0.48.0rc1, which fixes both bugs on the "
-          "baseline recipe (README, 'Not covered yet' for the jobs' own recipes)")
+    print("   - is your job safe on a release: python -m harness verdict --job <id> --gate "
+          "--modelopt V --mcore M [--patched]  (the committed GPU records of that pair; your own: "
+          "--results <results.json>; job profiles: scenarios/quarantine.toml; README 'The verdict')")
+    print(f"   - the fix for nvidia-modelopt 0.47.0, with no code change: make fix-wheel, then in "
+          f"the job {JOB_CHANGE} (README 'Using the fix')")
     print("   - your own checkpoint: python -m harness inspect <ckpt>  (layout, amax kind, what "
           "each (modelopt, megatron-core) pair does with it); python -m harness repair SRC DST")
-    print("   - your job's verdict: python -m harness verdict --job <id> --gate --results "
-          "<results.json>  (job profiles: scenarios/quarantine.toml)")
