@@ -160,10 +160,11 @@ def next_step(v: vd.Verdict, pair: Pair | None, patched: bool) -> str:
         pkg = f"nvidia-modelopt=={pair.modelopt} (with megatron-core {pair.mcore}, the pair judged)"
         fix_applies = rules_for(pair.modelopt, pair.mcore).fix_applies
     if patched and fix_applies:
-        change = (f"install {pkg} in the job's image; {JOB_CHANGE} (the wheel: `make fix-wheel`; "
-                  "README 'Using the fix')")
+        change = (f"install {pkg} in the job's image and the moe-ckpt-fix wheel, `pip install "
+                  f"--no-deps {WHEEL}` (built by `make fix-wheel`); set MOE_CKPT_FIX=1 in its "
+                  "environment (README 'Using the fix')")
     elif patched:
-        change = (f"install {pkg}; remove {WHEEL} and MOE_CKPT_FIX (the fix refuses this "
+        change = (f"install {pkg}; remove the moe-ckpt-fix wheel and MOE_CKPT_FIX (the fix refuses this "
                   "release and would stop the job)")
     else:
         change = f"install {pkg}; MOE_CKPT_FIX stays unset"

@@ -2,8 +2,8 @@
 
     MOE_CKPT_FIX=1 PYTHONPATH=<repo>/harness/fix/autoload:$PYTHONPATH torchrun ... pretrain_gpt.py ...
 
-A job that has no checkout installs the wheel instead (``make fix-wheel``; README "Using the
-fix"): its ``moe_ckpt_fix.pth`` does what this file does. Python imports the first
+A job that has no checkout installs the wheel instead (``make fix-wheel``; README "Using the fix"):
+its ``moe_ckpt_fix.pth`` does what this file does. Python imports the first
 ``sitecustomize`` on its path at start-up; this one
 1. when ``MOE_CKPT_FIX`` is set, reads the switch (``moe_ckpt_fix/autoload.py``: a value it does
    not accept stops the process here, with one line);
