@@ -51,7 +51,8 @@
 #              requirements/test.txt from a carried .whl-test (installed first on PYTHONPATH; the
 #              host's own pytest is refused by conftest.py); bounded by TEST_GPU_TIMEOUT_S (2700):
 #              SIGTERM then, the cells stop and pytest writes its JUnit file; the log and the
-#              JUnit file (per test: file, id, seconds, outcome) land in $OUT
+#              JUnit file (per test: file, id, seconds, outcome) land in $OUT. SCENARIOS (commas)
+#              narrows the cells to those scenarios (`--scenario`; tests/gpu still runs)
 #   pause      sleep PAUSE_S (60): a second queue's first entry, so its load misses a timing
 #   repro-modes  make repro fresh, then with HARNESS_STAGE_MODE=pool, both timed
 #   sample     issue 25, SAMPLE_PARTS (default cross,0.48.0rc1,0.47.0-fix,0.47.0-none; commas):
@@ -267,7 +268,7 @@ case "$1" in
     export PYTHONPATH=/root/site-test${PYTHONPATH:+:$PYTHONPATH}
     start=$(date +%s)
     timeout -s TERM -k 60 ${TEST_GPU_TIMEOUT_S:-2700} make test-gpu PYTEST_WORKERS=${PYTEST_WORKERS:-5} \
-      RESULTS=$R PYTEST_ADDOPTS="-v --durations=30" > "$OUT/test-gpu.log" 2>&1
+      RESULTS=$R PYTEST_ADDOPTS="-v --durations=30 ${SCENARIOS:+$(scenarios)}" > "$OUT/test-gpu.log" 2>&1
     echo "make test-gpu: rc $? wall $(( $(date +%s) - start )) s"
     tail -n 40 "$OUT/test-gpu.log"
     cp $R/junit.xml "$OUT/junit-test-gpu.xml" 2>/dev/null ;;
