@@ -11,6 +11,7 @@ import warnings
 from harness import commands
 from harness.paths import RESULTS_DIR
 from harness.records import PATCHES, Patch
+from harness.switches import SwitchError
 from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 
@@ -181,6 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     mx.set_defaults(fn=commands.cmd_matrix)
 
     args = p.parse_args(argv)
+    try:
+        return _checked_run(args)
+    except SwitchError as exc:  # a yes/no variable set to another word (harness/switches.py)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _checked_run(args) -> int:
+    """The checks every command that runs stages makes first, then the command."""
     if args.cmd in ("run", "repro", "dump-metadata", "verdict"):
         from harness.machine import version_problem
 

@@ -4,8 +4,10 @@
 # Per job, `python -m harness verdict --job ID --gate` prints its verdict and gate line; a job
 # whose gate passes is printed with the step that takes it out of quarantine. Exit codes:
 # README "The verdict". This script exits 0 only when every job's gate passes, else with the
-# first job's non-zero code. GATE_PATCHED=1: the jobs' pipelines apply harness.fix, so SAFE
-# WITH PATCH passes. PY: the interpreter (`make gate` passes the Makefile's).
+# first job's non-zero code (`make gate` exits 2 for any of them: GNU make's own status for a
+# failed recipe; the code itself is make's "Error N" line). GATE_PATCHED=1 (a yes/no switch,
+# harness/switches.py; any other word stops here, exit 2): the jobs' pipelines apply harness.fix,
+# so SAFE WITH PATCH passes. PY: the interpreter (`make gate` passes the Makefile's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PY:-$(bash tools/python.sh)} || exit 2
@@ -14,7 +16,8 @@ args=()
 for f in "$results"/*/results.json; do
   [ -e "$f" ] && args+=(--results "$f")
 done
-[ "${GATE_PATCHED:-0}" = 1 ] && args+=(--patched)
+patched=$("$py" -m harness.switches GATE_PATCHED off) || exit 2
+[ "$patched" = 1 ] && args+=(--patched)
 ids=$("$py" -c 'from harness.report.verdict import load_quarantine
 print(" ".join(j.id for j in load_quarantine().jobs))') || exit 2
 rc=0

@@ -1,0 +1,109 @@
+"""Bad inputs to the command line, its switches and its data files (issue 53): each is refused
+with ONE line naming the option, variable or file and the constraint, and a non-zero exit; never
+a traceback, never silence.
+
+Why: a typo that is read as a default (``GATE_PATCHED=yes`` meant unpatched), or an error that
+ends in a traceback, costs a job owner a night of GPU time or a wrong gate.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import machine, switches
+from harness.paths import REPO_ROOT
+from tests.helpers import bounded
+
+pytestmark = pytest.mark.cpu
+
+RUNS = REPO_ROOT / "tests" / "data" / "runs"
+PATCHED_EVIDENCE = RUNS / "20261203-100332-eq-fresh.results.json"  # both jobs SAFE WITH PATCH
+BASELINE_PROFILES = REPO_ROOT / "tests" / "data" / "quarantine-nvfp4-default.toml"
+
+
+def _cli(*args: str, timeout: float = 120, env: dict | None = None, **kw):
+    return bounded([sys.executable, "-W", "ignore", "-m", "harness", *args], timeout, cwd=REPO_ROOT,
+                   env={**os.environ, **(env or {})}, **kw)
+
+
+def _one_error_line(done, *words: str) -> str:
+    """The run failed with one line on stderr (no traceback) holding every word; returns it."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert len(lines) == 1, done.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+# --- yes/no switches: one set of words (harness/switches.py), anything else refused ------------
+
+def _fix_words() -> tuple[set, set]:
+    """The words harness/fix/autoload/sitecustomize.py accepts, read from its source: importing
+    it would run it (it arms the fix)."""
+    tree = ast.parse((REPO_ROOT / "harness" / "fix" / "autoload" / "sitecustomize.py").read_text())
+    consts = {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name) and t.id in ("_ON", "_OFF")}
+    return set(consts["_ON"]), set(consts["_OFF"])
+
+
+def test_every_switch_takes_moe_ckpt_fix_words():
+    on, off = _fix_words()
+    assert set(switches.ON) == on
+    assert set(switches.OFF) | {""} == off  # empty: the default, which is off for MOE_CKPT_FIX
+
+
+@pytest.mark.parametrize("raw, on", [("1", True), ("YES", True), (" true ", True), ("no", False),
+                                     ("False", False), ("0", False), ("", False)])
+def test_a_switch_reads_the_words(raw, on):
+    assert switches.switch("X", environ={"X": raw}) is on
+
+
+def test_a_switch_refuses_any_other_word_in_one_line():
+    with pytest.raises(switches.SwitchError) as err:
+        switches.switch("HARNESS_ANY_MCORE", environ={"HARNESS_ANY_MCORE": "on"})
+    line = str(err.value)
+    assert "\n" not in line and "HARNESS_ANY_MCORE='on'" in line
+    assert "1/true/yes" in line and "0/false/no" in line
+
+
+def test_any_mcore_override_takes_yes(monkeypatch):
+    """HARNESS_ANY_MCORE=yes runs on an untested megatron-core (it was read as no)."""
+    monkeypatch.setattr(machine, "version", {"megatron-core": "0.17.0", "nvidia-modelopt": "0.47.0"}.get)
+    monkeypatch.setenv(machine.MCORE_OVERRIDE, "yes")
+    assert machine.version_problem().fatal is False
+
+
+def test_a_bad_switch_stops_the_cli_in_one_line():
+    done = _cli("run", "--cells", "nothing*", env={machine.MCORE_OVERRIDE: "sure"})
+    assert done.returncode == 2
+    _one_error_line(done, "HARNESS_ANY_MCORE='sure'", "1/true/yes")
+
+
+def _gate(results: Path, patched: str):
+    run = results / "nightly"
+    run.mkdir(parents=True, exist_ok=True)
+    shutil.copy(PATCHED_EVIDENCE, run / "results.json")
+    env = {**os.environ, "PY": sys.executable, "RESULTS": str(results), "GATE_PATCHED": patched,
+           "HARNESS_QUARANTINE": str(BASELINE_PROFILES)}
+    return bounded(["bash", "tools/unquarantine-gate.sh"], 300, cwd=REPO_ROOT, env=env)
+
+
+def test_gate_patched_yes_means_patched(tmp_path):
+    """Both jobs are SAFE WITH PATCH in the evidence: patched, both gates pass (exit 0)."""
+    done = _gate(tmp_path, "Yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("-> exit 0") == 2, done.stdout
+
+
+def test_gate_patched_refuses_a_word_it_does_not_know(tmp_path):
+    done = _gate(tmp_path, "patched")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "gate" not in done.stdout  # refused before any job is judged
+    _one_error_line(done, "GATE_PATCHED='patched'", "1/true/yes", "0/false/no")
