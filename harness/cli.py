@@ -40,12 +40,10 @@ def bounded_int(low: int, high: int):
     return parse
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """Every command, its options and its exit codes (each --help's epilog)."""
     from harness.tiers import STAGE_MODES
-    from harness.launch.signals import interrupt_on_signals
 
-    _quiet()
-    interrupt_on_signals()
     p = argparse.ArgumentParser(prog="python -m harness", description=DESCRIPTION)
     p.add_argument("--results-root", default=str(RESULTS_DIR))
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -85,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--slice", default="", metavar="K/N",
                     help="run the K-th of N slices of the draw (whole saves each; the N slices are the draw)")
     sm.add_argument("--list", action="store_true", help="print the drawn cells, run nothing")
-    sm.add_argument("--jobs", type=bounded_int(1, 64), default=1, help="cells at once per phase")
+    sm.add_argument("--jobs", type=bounded_int(1, 64), help="cells at once per phase (default 1)")
     sm.add_argument("--label", default="", help="suffix of the results/<run-id> folder")
     sm.add_argument("--stage-mode", choices=STAGE_MODES, default=None, help="as for run")
     sm.set_defaults(fn=commands.cmd_sample)
@@ -180,8 +178,44 @@ def main(argv: list[str] | None = None) -> int:
                     help="an earlier matrix run directory (or its matrix.json) to include; "
                          "alone: render those rows without running anything")
     mx.set_defaults(fn=commands.cmd_matrix)
+    return p
 
-    args = p.parse_args(argv)
+
+def idle_option(args) -> str | None:
+    """An option that does nothing with the others given: the line refusing it, or None.
+
+    Why: an ignored option reads as a choice made (``verdict --patched`` without ``--gate``
+    judged the same as without it)."""
+    def given(*pairs) -> str:
+        return ", ".join(name for name, value in pairs if value)
+
+    if args.cmd == "verdict" and args.patched and not args.gate:
+        return ("--patched needs --gate: it says the job's pipeline applies harness.fix, which only "
+                "the gate reads")
+    if args.cmd == "equivalence" and args.rejudge:
+        idle = given(("REFERENCE/CANDIDATE", args.reference), ("--outcomes-only", args.outcomes_only),
+                     ("--rejudged", args.rejudged))
+        if idle:
+            return (f"{idle}: compare two runs, while --rejudge judges recorded runs against "
+                    "themselves; give one or the other")
+    if args.cmd == "sample" and args.list:
+        idle = given(("--jobs", args.jobs is not None), ("--label", args.label),
+                     ("--stage-mode", args.stage_mode))
+        if idle:
+            return f"{idle}: shape(s) a run, and --list runs nothing"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.launch.signals import interrupt_on_signals
+
+    _quiet()
+    interrupt_on_signals()
+    args = parser().parse_args(argv)
+    idle = idle_option(args)
+    if idle:
+        print(f"error: {idle}", file=sys.stderr)
+        return 2
     try:
         return _checked_run(args)
     except SwitchError as exc:  # a yes/no variable set to another word (harness/switches.py)

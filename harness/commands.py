@@ -70,7 +70,7 @@ def cmd_sample(args) -> int:
         os.environ["HARNESS_STAGE_MODE"] = args.stage_mode
     cells = [c for s in scenarios for c in s.cells()]
     label = args.label or f"sample-s{args.seed}-{args.patch}"
-    doc = run_cells(cells, Path(args.results_root), label=label, jobs=args.jobs)
+    doc = run_cells(cells, Path(args.results_root), label=label, jobs=args.jobs or 1)
     from harness.run.results import exit_code
 
     return exit_code(doc)

@@ -107,3 +107,21 @@ def test_gate_patched_refuses_a_word_it_does_not_know(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "gate" not in done.stdout  # refused before any job is judged
     _one_error_line(done, "GATE_PATCHED='patched'", "1/true/yes", "0/false/no")
+
+
+# --- an option that does nothing with the others given is refused -----------------------------
+
+WITNESS = RUNS / "20261202-122731-witness.results.json"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["verdict", "--patched", "--results", str(WITNESS)], ["--patched needs --gate"]),
+    (["equivalence", "--rejudge", str(WITNESS), "--outcomes-only"], ["--outcomes-only", "--rejudge"]),
+    (["equivalence", str(WITNESS), str(WITNESS), "--rejudge", str(WITNESS)],
+     ["REFERENCE/CANDIDATE", "--rejudge"]),
+    (["sample", "--seed", "1", "--list", "--jobs", "4"], ["--jobs", "--list runs nothing"]),
+])
+def test_an_idle_option_is_refused_in_one_line(args, words):
+    done = _cli(*args)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    _one_error_line(done, *words)
