@@ -8,9 +8,10 @@ import argparse
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 from harness import commands
-from harness.paths import RESULTS_DIR
+from harness.paths import RESULTS_DIR, unwritable_dir
 from harness.records import PATCHES, Patch
 from harness.switches import SwitchError
 from harness.tiers import BACKENDS, TIERS, Backend, Tier
@@ -289,8 +290,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def writes_runs(args) -> bool:
+    """Whether the command writes run directories under --results-root."""
+    return args.cmd in ("run", "repro", "dump-metadata", "matrix") or (
+        args.cmd == "sample" and not args.list) or (args.cmd == "verdict" and not args.results)
+
+
 def _checked_run(args) -> int:
     """The checks every command that runs stages makes first, then the command."""
+    if writes_runs(args):
+        why = unwritable_dir(Path(args.results_root))
+        if why:
+            print(f"error: --results-root {args.results_root}: {why}", file=sys.stderr)
+            return 2
     if args.cmd in ("run", "repro", "dump-metadata", "verdict"):
         from harness.machine import version_problem
 

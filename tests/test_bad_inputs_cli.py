@@ -11,6 +11,7 @@ import ast
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,61 @@ def test_an_idle_option_is_refused_in_one_line(args, words):
     done = _cli(*args)
     assert done.returncode == 2 and done.stdout == "", done.stdout
     _one_error_line(done, *words)
+
+
+# --- --results-root: a file, or a directory nobody may write in --------------------------------
+
+def _unprivileged() -> list[str]:
+    """The command prefix that drops root (who may write anywhere) to nobody, or []."""
+    if os.geteuid() != 0:
+        return []
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: no user to whom a directory is read-only")
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.fixture
+def open_dir():
+    """A directory every user may enter (pytest's tmp_path is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="bad-inputs-"))
+    path.chmod(0o755)
+    yield path
+    for p in path.rglob("*"):
+        if p.is_dir():
+            p.chmod(0o755)
+    shutil.rmtree(path)
+
+
+def test_a_read_only_results_root_is_one_line_before_anything_runs(open_dir):
+    root = open_dir / "read-only"
+    root.mkdir(mode=0o555)
+    root.chmod(0o555)
+    done = bounded([*_unprivileged(), sys.executable, "-W", "ignore", "-m", "harness",
+                    "--results-root", str(root), "repro", "--gpu", "no"], 120, cwd=REPO_ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "", "nothing ran"
+    _one_error_line(done, f"--results-root {root}: no permission to write in it")
+    assert not any(root.iterdir())
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_results_root_that_is_a_file_is_one_line(tmp_path, under):
+    afile = tmp_path / "results.json"
+    afile.write_text("{}")
+    root = afile / under if under else afile
+    done = _cli("--results-root", str(root), "repro", "--gpu", "no")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "", "nothing ran"
+    what = "it" if not under else str(afile)
+    _one_error_line(done, f"--results-root {root}: {what} is a file, not a directory")
+
+
+def test_a_report_beside_results_nobody_may_write_is_one_line(open_dir):
+    run = open_dir / "run"
+    run.mkdir()
+    shutil.copy(RUNS / "20261203-004730-density.results.json", run / "results.json")
+    run.chmod(0o555)
+    done = bounded([*_unprivileged(), sys.executable, "-W", "ignore", "-m", "harness", "report",
+                    str(run / "results.json")], 120, cwd=REPO_ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    _one_error_line(done, f"{run / 'summary.md'}: cannot write the report beside", "PermissionError")
