@@ -184,3 +184,27 @@ def test_a_report_beside_results_nobody_may_write_is_one_line(open_dir):
                     str(run / "results.json")], 120, cwd=REPO_ROOT)
     assert done.returncode == 2, done.stdout + done.stderr
     _one_error_line(done, f"{run / 'summary.md'}: cannot write the report beside", "PermissionError")
+
+
+# --- Ctrl-C during make repro's first phase (the probe of the real validation, cpu tier) -------
+
+def test_ctrl_c_during_the_repro_probe_leaves_its_results_marked_interrupted(tmp_path):
+    """The signal's line promises a partial results.json: the probe's run directory gets one,
+    marked incomplete, as a stopped cell run's is; no traceback, no later phase started."""
+    import json
+    import signal
+
+    from tests.helpers import interrupt_once_staged, stage_processes, start_cli
+
+    proc = start_cli(tmp_path, "repro", "--gpu", "no")
+    proc, out, _ = interrupt_once_staged(proc, tmp_path, signal.SIGINT)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "partial results.json" in out, out
+    assert stage_processes(tmp_path) == [], "probe ranks outlived the controller"
+    (probe,) = tmp_path.glob("*-repro-probe")
+    doc = json.loads((probe / "results.json").read_text())
+    assert doc["incomplete"] is True and doc["interrupted_by"] == "SIGINT", doc
+    assert f"results: {probe / 'results.json'}" in out
+    assert "repro interrupted (SIGINT)" in out
+    assert not list(tmp_path.glob("*-repro-cpu")), "the grid phase started after the signal"
+

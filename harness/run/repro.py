@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from harness.launch.signals import shutdown_signal
 from harness.paths import RunDir
-from harness.run.results import exit_code
+from harness.run.results import collect, exit_code
 from harness.scenario import selections
 from harness.machine import tier_skip_reason, versions
 from harness.tiers import Tier
@@ -38,14 +39,21 @@ def _show_map() -> None:
           f"{s['fixed_fail']} under the fix  (details: python -m harness map)")
 
 
-def _show_real_validation(run_dir: Path) -> bool:
+def _show_real_validation(run_dir: Path) -> bool | None:
+    """Whether the oracle agrees with the real validation; None when a signal stopped the probe."""
     from harness.topology.oracle import predicts_failure
     from harness.run.validation_probes import probe_oracle_world
 
     topos = [Topology.parse(t) for t in VALIDATION_SHOWCASE]
     print("\n== megatron-core validate_sharding_integrity, real, on 2 gloo ranks "
           "(per-expert amax built as modelopt 0.47.0 does / as the fix does)")
-    real = probe_oracle_world(topos, 2, 8, run_dir / "probe-oracle-w2")
+    try:
+        real = probe_oracle_world(topos, 2, 8, run_dir / "probe-oracle-w2")
+    except RuntimeError as exc:  # the probe failed or was stopped: one line, not a traceback
+        if shutdown_signal():
+            return None
+        print(f"   error: {exc}")
+        return False
     agree = True
     for t in topos:
         r = real[t.id]
@@ -144,6 +152,7 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
         _drop_early_run(early)
         print(f"error: --gpu yes but {gpu_reason}")
         return 2
+    ok: bool | None = True  # the cpu tier's probe: the oracle agrees with the real validation
     if use_gpu:
         _header(Tier.GPU_SHARED, "CUDA GPU and Transformer Engine found")
         if early is not None:
@@ -155,17 +164,22 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
         print("   GPU tiers (gpu-shared, gpu) need a CUDA GPU + Transformer Engine; "
               "run `make repro` on a GPU host or in the docker image for the TEGroupedMLP path.")
         _show_map()
-        ok = _show_real_validation(RunDir.new(results_root, "repro-probe").root)
-        print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
-        doc = run_cells(select_cells(scenarios, CPU_REPRO_CELLS),
-                        results_root, "repro-cpu", jobs=1)
-        if not ok:
-            return 1
+        probe = RunDir.new(results_root, "repro-probe")
+        ok = _show_real_validation(probe.root)
+        if ok is None:  # stopped during the probe: its results file, marked as every phase's is
+            doc = collect(probe, versions(), tier=Tier.CPU, interrupted=shutdown_signal())
+            print(f"results: {probe.results}")
+        else:
+            print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
+            doc = run_cells(select_cells(scenarios, CPU_REPRO_CELLS),
+                            results_root, "repro-cpu", jobs=1)
     if doc.get("incomplete"):
         print(f"\nrepro interrupted ({doc['interrupted_by']}) after {time.monotonic() - start:.0f} s")
-    else:
-        _what_it_means(doc, results_root, use_gpu)
-        print(f"\nrepro finished in {time.monotonic() - start:.0f} s")
+        return exit_code(doc)
+    if not ok:
+        return 1
+    _what_it_means(doc, results_root, use_gpu)
+    print(f"\nrepro finished in {time.monotonic() - start:.0f} s")
     return exit_code(doc)
 
 
