@@ -208,3 +208,38 @@ def test_ctrl_c_during_the_repro_probe_leaves_its_results_marked_interrupted(tmp
     assert "repro interrupted (SIGINT)" in out
     assert not list(tmp_path.glob("*-repro-cpu")), "the grid phase started after the signal"
 
+
+# --- a file: recipe that ModelOpt's loader cannot read stops at collection ----------------------
+
+GPU_SCENARIO = 'tier = "gpu-shared"\nbackend = "te"\nexpect = "oracle"\nsaves = ["tp1-etp1-ep1"]\n'
+
+
+@pytest.mark.parametrize("text, words", [
+    ("metadata:\n  recipe_type: ptq\nquantize: {algorithm: max\n", "invalid YAML at line 4, column 1"),
+    ("", "not a PTQ recipe"),
+    ("- a list\n", "not a PTQ recipe"),
+    ("metadata:\n  recipe_type: speculative_eagle\neagle: {}\n", "not a PTQ recipe"),
+])
+def test_a_file_recipe_modelopt_cannot_load_is_one_line_at_collection(tmp_path, monkeypatch, text, words):
+    """As a recipe the installed ModelOpt lacks: the file is skipped with one line naming the
+    scenario, the key and the recipe (`run --scenario` on it exits 2), its neighbour loads."""
+    from harness.scenario import scenarios
+
+    monkeypatch.setattr(scenarios, "REPO_ROOT", tmp_path)  # file: recipes are repository paths
+    (tmp_path / "mine.yaml").write_text(text)
+    (tmp_path / "bad.toml").write_text(GPU_SCENARIO + 'recipe = "file:mine.yaml"\n')
+    (tmp_path / "good.toml").write_text(GPU_SCENARIO)
+    good, bad = scenarios.load_all_with_errors(tmp_path)
+    assert [s.name for s in good] == ["good"]
+    (err,) = bad
+    assert "\n" not in str(err) and "bad.toml: recipe: file:mine.yaml: " in str(err), err
+    assert words in str(err), err
+
+
+def test_a_well_formed_file_recipe_loads(tmp_path, monkeypatch):
+    from harness.scenario import scenarios
+
+    monkeypatch.setattr(scenarios, "REPO_ROOT", tmp_path)
+    (tmp_path / "mine.yaml").write_text("metadata:\n  recipe_type: ptq\nquantize:\n  algorithm: max\n")
+    (tmp_path / "ok.toml").write_text(GPU_SCENARIO + 'recipe = "file:mine.yaml"\n')
+    assert scenarios.load_scenario(tmp_path / "ok.toml").recipe == "file:mine.yaml"
