@@ -114,7 +114,8 @@ def parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=commands.cmd_map)
 
     r = sub.add_parser("run", help="run scenario cells and print the table", **_exits("run"))
-    r.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable)")
+    r.add_argument("--scenario", action="append", default=[],
+                   help="scenario name, or the path of its file in scenarios/ (repeatable)")
     r.add_argument("--cells", action="append", default=[],
                    help="glob on cell ids, e.g. '*save=tp4-etp1-ep8*' (repeatable)")
     r.add_argument("--jobs", type=bounded_int(1, 64), default=1,

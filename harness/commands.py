@@ -23,13 +23,19 @@ def cmd_map(args) -> int:
 
 def cmd_run(args) -> int:
     from harness.run.cells import run_cells, select_cells
-    from harness.scenario.scenarios import load_all_with_errors, report_errors
+    from harness.scenario.scenarios import (ScenarioError, load_all_with_errors, report_errors,
+                                            scenario_name)
 
     good, bad = load_all_with_errors()
     report_errors(bad)  # reported and skipped: one bad file never blocks the others
-    if any({err.name, Path(err.path).stem} & set(args.scenario) for err in bad):
+    try:
+        asked = {scenario_name(a, good, bad) for a in args.scenario}
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if any({err.name, Path(err.path).stem} & asked for err in bad):
         return 2  # the scenario asked for is a bad one
-    scenarios = [s for s in good if not args.scenario or s.name in args.scenario]
+    scenarios = [s for s in good if not asked or s.name in asked]
     if args.nccl_shared_gpu:
         from harness.scenario.scenarios import as_nccl_shared
 

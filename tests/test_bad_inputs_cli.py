@@ -243,3 +243,37 @@ def test_a_well_formed_file_recipe_loads(tmp_path, monkeypatch):
     (tmp_path / "mine.yaml").write_text("metadata:\n  recipe_type: ptq\nquantize:\n  algorithm: max\n")
     (tmp_path / "ok.toml").write_text(GPU_SCENARIO + 'recipe = "file:mine.yaml"\n')
     assert scenarios.load_scenario(tmp_path / "ok.toml").recipe == "file:mine.yaml"
+
+
+# --- --scenario: a typo or a path ---------------------------------------------------------------
+
+def test_an_unknown_scenario_is_no_such_scenario_with_the_known_names():
+    done = _cli("run", "--scenario", "cpu-reshardd")
+    assert done.returncode == 2 and done.stdout == ""
+    _one_error_line(done, "--scenario 'cpu-reshardd': no such scenario",
+                    "did you mean 'cpu-reshard'?", "known: cpu-reshard, ")
+
+
+@pytest.mark.parametrize("asked", ["cpu-reshard", "scenarios/cpu_reshard.toml",
+                                   str(REPO_ROOT / "scenarios" / "cpu_reshard.toml")])
+def test_a_scenario_is_named_by_its_name_or_its_file(asked, monkeypatch):
+    from harness.scenario.scenarios import load_all_with_errors, scenario_name
+
+    monkeypatch.chdir(REPO_ROOT)
+    good, bad = load_all_with_errors()
+    assert scenario_name(asked, good, bad) == "cpu-reshard"
+
+
+@pytest.mark.parametrize("asked, words", [
+    ("cpu_reshard", "no such scenario (did you mean 'cpu-reshard'?"),
+    ("scenarios/quarantine.toml", "not a scenario file"),  # a data file beside them
+    ("scenarios", "no such scenario"),  # a directory
+])
+def test_what_names_no_scenario_is_one_line(asked, words, monkeypatch):
+    from harness.scenario.scenarios import ScenarioError, load_all_with_errors, scenario_name
+
+    monkeypatch.chdir(REPO_ROOT)
+    good, bad = load_all_with_errors()
+    with pytest.raises(ScenarioError) as err:
+        scenario_name(asked, good, bad)
+    assert "\n" not in str(err.value) and f"--scenario {asked!r}: {words}" in str(err.value)
