@@ -107,12 +107,14 @@ def cmd_verdict(args) -> int:
     from harness.report import gate, verdict, verdict_text
     from harness.report.jobs import QUARANTINE_ENV, ProfileError
 
+    given = (f"--quarantine " if getattr(args, "quarantine", None) else
+             f"{QUARANTINE_ENV}=" if os.environ.get(QUARANTINE_ENV) else "")  # who named the file
     if getattr(args, "quarantine", None):  # every later load_quarantine takes this file
         os.environ[QUARANTINE_ENV] = args.quarantine
     try:
-        verdict.load_quarantine()
-    except (OSError, ProfileError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        verdict.cells_to_run()  # the profile file read and checked, each job's scenarios too
+    except ProfileError as exc:
+        print(f"error: {given}{exc}", file=sys.stderr)
         return gate.EXIT_USAGE
     try:
         if args.gate and not args.job:

@@ -277,3 +277,85 @@ def test_what_names_no_scenario_is_one_line(asked, words, monkeypatch):
     with pytest.raises(ScenarioError) as err:
         scenario_name(asked, good, bad)
     assert "\n" not in str(err.value) and f"--scenario {asked!r}: {words}" in str(err.value)
+
+
+# --- scenarios/quarantine.toml (and --quarantine FILE) is checked like a scenario file ----------
+
+QUARANTINE = REPO_ROOT / "scenarios" / "quarantine.toml"
+
+
+def _quarantine(tmp_path, old: str, new: str, count: int = 1) -> Path:
+    """The committed quarantine file with one edit, in tmp_path."""
+    text = QUARANTINE.read_text()
+    assert old in text, old
+    path = tmp_path / "quarantine.toml"
+    path.write_text(text.replace(old, new, count))
+    return path
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ('failing_stage = "load"', 'failing_stag = "load"',
+     "jobs[0].failing_stag: unknown key (did you mean 'failing_stage'?"),
+    ('witness_scenario = "gpu-nano-recipe-witness"', 'witness_scenarios = "gpu-nano-recipe-witness"',
+     "jobs[0].profile.witness_scenarios: unknown key (did you mean 'witness_scenario'?"),
+    ('goldens_scenario = ', 'golden_scenario = ', "golden_scenario: unknown key (did you mean 'goldens_scenario'?"),
+    ('recipe = "mtq:MAMBA_MOE_NVFP4_CONSERVATIVE_CFG"\n', '', "jobs[0].profile.recipe: required key missing"),
+    ('pipeline = "examples', 'pipelin = "examples', "jobs[0].pipeline: required key missing"),
+    ('\nsave = "tp1-etp1-ep8"', '\nsave = "tp1-etp1"', "jobs[0].save: cannot read topology 'tp1-etp1'"),
+    ('failing_stage = "load"', 'failing_stage = "reload"', "jobs[0].failing_stage: 'reload' is not one of"),
+    ('loads = ["tp4-etp1-ep8", "tp2-etp2-ep4"', 'loads = ["tp4-etp1-ep8", "tp2-etp2-epX"',
+     "jobs[0].profile.loads[1]: cannot read topology 'tp2-etp2-epX'"),
+    ('id = "ultra-550b-a55b-nvfp4-ptq"', 'id = "nano-30b-a3b-qad"', "jobs[1].id: 'nano-30b-a3b-qad' is"),
+])
+def test_a_bad_quarantine_file_is_one_line_naming_file_and_key(tmp_path, old, new, words):
+    from harness.report.jobs import ProfileError, load_quarantine
+
+    path = _quarantine(tmp_path, old, new)
+    with pytest.raises(ProfileError) as err:
+        load_quarantine(path)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{path}: ") and words in line, line
+
+
+def test_a_stand_in_scenario_no_scenario_has_is_one_line_with_the_closest(tmp_path):
+    path = _quarantine(tmp_path, 'fix_scenario = "gpu-nano-recipe"', 'fix_scenario = "gpu-nano-recipes"')
+    done = _cli("verdict", "--quarantine", str(path), "--results", str(WITNESS))
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    _one_error_line(done, f"--quarantine {path}: jobs[0].profile.fix_scenario: no scenario "
+                          "'gpu-nano-recipes' (did you mean 'gpu-nano-recipe'?")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("jobs = [\n", "invalid TOML"),
+    ("", "jobs: required key missing"),
+    ("jobs = []\n", "jobs: must hold at least 1 item"),
+    (None, "cannot read (IsADirectoryError"),  # a directory
+    ("missing", "cannot read (FileNotFoundError"),
+])
+def test_a_broken_quarantine_option_names_the_option_and_the_file(tmp_path, text, words):
+    path = tmp_path / "jobs.toml"
+    if text is None:
+        path.mkdir()
+    elif text != "missing":
+        path.write_text(text)
+    done = _cli("verdict", "--quarantine", str(path), "--results", str(WITNESS))
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    _one_error_line(done, f"--quarantine {path}: {words}")
+
+
+def test_the_committed_profiles_are_valid():
+    from harness.report.jobs import load_quarantine
+
+    for path in (QUARANTINE, BASELINE_PROFILES):
+        assert [j.id for j in load_quarantine(path).jobs] == ["nano-30b-a3b-qad",
+                                                              "ultra-550b-a55b-nvfp4-ptq"]
+
+
+def test_the_gate_script_on_a_broken_profile_file_is_one_line(tmp_path):
+    path = tmp_path / "jobs.toml"
+    path.write_text("[[jobs]]\nid = 'x'\n")
+    env = {**os.environ, "PY": sys.executable, "RESULTS": str(tmp_path / "results"),
+           "HARNESS_QUARANTINE": str(path)}
+    done = bounded(["bash", "tools/unquarantine-gate.sh"], 120, cwd=REPO_ROOT, env=env)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    _one_error_line(done, f"{path}: jobs[0].name: required key missing")

@@ -14,8 +14,11 @@ py=${PY:-$(bash tools/python.sh)} || exit 2
 patched=$("$py" -m harness.switches GATE_PATCHED off) || exit 2
 args=()
 [ "$patched" = 1 ] && args+=(--patched)
-ids=$("$py" -c 'from harness.report.verdict import load_quarantine
-print(" ".join(j.id for j in load_quarantine().jobs))') || exit 2
+ids=$("$py" -c 'from harness.report.jobs import ProfileError, load_quarantine
+try:
+    print(" ".join(j.id for j in load_quarantine().jobs))
+except ProfileError as exc:  # one line naming the file and key, not a traceback
+    raise SystemExit(f"error: {exc}")') || exit 2
 rc=0
 for id in $ids; do
   echo "== un-quarantine gate: $id"

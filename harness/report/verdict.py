@@ -33,7 +33,8 @@ from typing import Any, Mapping
 from harness.check.judge import SHAPE_REFUSAL_FINDING
 from harness.check.results_file import read_results
 from harness.report.summary import cause
-from harness.report.jobs import QUARANTINE, Job, Quarantine, job_cells, load_quarantine  # noqa: F401
+from harness.report.jobs import (QUARANTINE, Job, Quarantine, job_cells, load_quarantine,  # noqa: F401
+                                 stand_ins)
 from harness.records import CellRecord, Outcome, RunResults, Stage
 from harness.scenario.cells import Cell, Scenario
 from harness.machine import skip_kind
@@ -237,9 +238,7 @@ def judge_records(records: Mapping[str, Record], quarantine: Quarantine | None =
                   scenarios: list[Scenario] | None = None) -> list[Verdict]:
     q = quarantine or load_quarantine()
     by_name = {s.name: s for s in (scenarios or load_all())}
-    return [judge(j, job_cells(j, by_name[j.profile.witness]), job_cells(j, by_name[j.profile.fix]),
-                  records)
-            for j in q.jobs]
+    return [judge(j, *(job_cells(j, s) for s in stand_ins(j, by_name)), records) for j in q.jobs]
 
 
 def doc_records(doc: RunResults | Mapping[str, Any]) -> dict[str, CellRecord]:
@@ -289,8 +288,7 @@ def cells_to_run() -> list[Cell]:
     """The witness and fix cells of every quarantined job: what a verdict needs run."""
     q, scenarios = load_quarantine(), load_all()
     by_name = {s.name: s for s in scenarios}
-    ids = {c.id for j in q.jobs for name in (j.profile.witness, j.profile.fix)
-           for c in job_cells(j, by_name[name])}
+    ids = {c.id for j in q.jobs for s in stand_ins(j, by_name) for c in job_cells(j, s)}
     return [c for s in scenarios for c in s.cells() if c.id in ids]  # scenario order, once each
 
 
