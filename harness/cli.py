@@ -29,7 +29,7 @@ def _quiet() -> None:
     logging.getLogger("megatron").setLevel(logging.ERROR)
 
 
-USAGE = ("2", "usage: a bad option, value or input file (one line names it)")
+_USAGE = ("2", "usage: a bad option, value or input file (one line names it)")
 _STOPPED = ("128+N", "stopped by signal N (130 Ctrl-C, 143 SIGTERM): the cells so far are in a "
                      "results.json marked incomplete")
 _CELLS = [("0", "every cell ran as expected (or was skipped, with its reason)"),
@@ -38,7 +38,7 @@ _CELLS = [("0", "every cell ran as expected (or was skipped, with its reason)"),
                 "bad variable, an untested megatron-core"), _STOPPED]
 # Each command's exit codes, shown as its --help epilog.
 EXIT_CODES = {
-    "map": [("0", "the map printed"), USAGE],
+    "map": [("0", "the map printed"), _USAGE],
     "run": _CELLS,
     "sample": _CELLS,
     "repro": [("0", "the bug and the fix shown as expected"),

@@ -359,3 +359,13 @@ def test_the_gate_script_on_a_broken_profile_file_is_one_line(tmp_path):
     done = bounded(["bash", "tools/unquarantine-gate.sh"], 120, cwd=REPO_ROOT, env=env)
     assert done.returncode == 2 and done.stdout == "", done.stdout
     _one_error_line(done, f"{path}: jobs[0].name: required key missing")
+
+
+def test_repro_gpu_yes_without_a_gpu_tier_is_one_line_on_stderr(tmp_path):
+    from harness.machine import tier_skip_reason
+
+    if tier_skip_reason("gpu-shared", 8) is None:
+        pytest.skip("a GPU tier runs here: --gpu yes would run the GPU cells")
+    done = _cli("--results-root", str(tmp_path), "repro", "--gpu", "yes")
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    _one_error_line(done, "--gpu yes but tier gpu-shared needs")

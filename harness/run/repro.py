@@ -6,6 +6,7 @@ witness and the fix at the report's topology (tp4-etp1-ep8) on tier gpu-shared.
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -150,7 +151,7 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
     use_gpu = gpu == "yes" or (gpu == "auto" and gpu_reason is None)
     if gpu == "yes" and gpu_reason:
         _drop_early_run(early)
-        print(f"error: --gpu yes but {gpu_reason}")
+        print(f"error: --gpu yes but {gpu_reason}", file=sys.stderr)
         return 2
     ok: bool | None = True  # the cpu tier's probe: the oracle agrees with the real validation
     if use_gpu:
