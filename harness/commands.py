@@ -107,7 +107,7 @@ def cmd_verdict(args) -> int:
     from harness.report import gate, verdict, verdict_text
     from harness.report.jobs import QUARANTINE_ENV, ProfileError
 
-    given = (f"--quarantine " if getattr(args, "quarantine", None) else
+    given = ("--quarantine " if getattr(args, "quarantine", None) else
              f"{QUARANTINE_ENV}=" if os.environ.get(QUARANTINE_ENV) else "")  # who named the file
     if getattr(args, "quarantine", None):  # every later load_quarantine takes this file
         os.environ[QUARANTINE_ENV] = args.quarantine

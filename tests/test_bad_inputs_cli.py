@@ -343,12 +343,14 @@ def test_a_broken_quarantine_option_names_the_option_and_the_file(tmp_path, text
     _one_error_line(done, f"--quarantine {path}: {words}")
 
 
-def test_the_committed_profiles_are_valid():
+def test_the_committed_profiles_are_valid_and_a_toml_date_is_a_date(tmp_path):
     from harness.report.jobs import load_quarantine
 
     for path in (QUARANTINE, BASELINE_PROFILES):
         assert [j.id for j in load_quarantine(path).jobs] == ["nano-30b-a3b-qad",
                                                               "ultra-550b-a55b-nvfp4-ptq"]
+    dated = _quarantine(tmp_path, 'review_by = "2027-01-15"', "review_by = 2027-01-15", count=2)
+    assert {j.review_by for j in load_quarantine(dated).jobs} == {"2027-01-15"}
 
 
 def test_the_gate_script_on_a_broken_profile_file_is_one_line(tmp_path):
