@@ -33,10 +33,12 @@ test-gpu:         ## GPU tiers only (nightly on 8-GPU nodes)
 witness:          ## the unpatched bug witness grid (allow-to-fail in CI)
 	$(PY) -m harness --results-root $(RESULTS) run --scenario gpu-witness --label witness --jobs $(PYTEST_WORKERS)
 
-verdict:          ## un-quarantine verdict: judges $(RESULTS)/*/results.json, or runs the cells when none
-	$(PY) -m harness --results-root $(RESULTS) verdict $(foreach f,$(wildcard $(RESULTS)/*/results.json),--results $(f))
+# verdict and gate: make exits 2 for any non-zero code of theirs (GNU make's status for a failed
+# recipe, whatever the code; its "Error N" line names the code); the scripts exit with the code.
+verdict:          ## un-quarantine verdict on $(RESULTS)/*/results.json, or runs the cells when none (code: bash tools/verdict.sh)
+	PY="$(PY)" RESULTS="$(RESULTS)" bash tools/verdict.sh
 
-gate:             ## un-quarantine gate per job on $(RESULTS)/*/results.json (GATE_PATCHED=1: the jobs apply harness.fix)
+gate:             ## un-quarantine gate per job on $(RESULTS)/*/results.json; GATE_PATCHED=1: the jobs apply harness.fix (code: bash tools/unquarantine-gate.sh)
 	PY="$(PY)" RESULTS="$(RESULTS)" bash tools/unquarantine-gate.sh
 
 fix-wheel:        ## the fix for jobs: dist/moe_ckpt_fix-<version>-py3-none-any.whl (pip install it + MOE_CKPT_FIX=1; docs/fix.md)

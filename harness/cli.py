@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 from harness import commands
-from harness.paths import RESULTS_DIR
+from harness.paths import RESULTS_DIR, unwritable_dir
 from harness.records import PATCHES, Patch
+from harness.switches import SwitchError
 from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 
@@ -26,6 +29,61 @@ def _quiet() -> None:
     logging.getLogger("megatron").setLevel(logging.ERROR)
 
 
+_USAGE = ("2", "usage: a bad option, value or input file (one line names it)")
+_STOPPED = ("128+N", "stopped by signal N (130 Ctrl-C, 143 SIGTERM): the cells so far are in a "
+                     "results.json marked incomplete")
+_CELLS = [("0", "every cell ran as expected (or was skipped, with its reason)"),
+          ("1", "a cell unexpected: unexpected-failure or unexpected-pass"),
+          ("2", "usage: a bad or unknown scenario, no cell matches, an unusable --results-root, a "
+                "bad variable, an untested megatron-core"), _STOPPED]
+# Each command's exit codes, shown as its --help epilog.
+EXIT_CODES = {
+    "map": [("0", "the map printed"), _USAGE],
+    "run": _CELLS,
+    "sample": _CELLS,
+    "repro": [("0", "the bug and the fix shown as expected"),
+              ("1", "a cell unexpected, or (cpu tier) the oracle disagrees with megatron-core's "
+                    "real validation or its probe failed"),
+              ("2", "usage: --gpu yes without a GPU tier here, an unusable --results-root, a bad "
+                    "variable"), _STOPPED],
+    "dump-metadata": [("0", "the metadata recorded"), ("1", "the stage failed"),
+                      ("2", "usage: a bad topology, or its tier cannot run here")],
+    "verdict": [("0", "a verdict that decides (SAFE, SAFE WITH PATCH, BLOCKED) for at least one "
+                      "job; with --gate: SAFE, or SAFE WITH PATCH with --patched"),
+                ("1", "UNEXPECTED FAILURE"),
+                ("2", "usage: an unknown job, a bad results or quarantine file, results of two "
+                      "(modelopt, megatron-core) pairs with --gate"),
+                ("3", "with --gate: BLOCKED, or SAFE WITH PATCH without --patched"),
+                ("4", "nothing decides: INCOMPLETE, NO EVIDENCE or RULE UNKNOWN for every job "
+                      "judged (with --job: for it)"),
+                ("128+N", "stopped by signal N while running the cells here")],
+    "report": [("0", "the summary and picture written"),
+               ("2", "no results.json under --results-root, or a bad results file")],
+    "equivalence": [("0", "equivalent (--rejudge: the changes printed)"), ("1", "not equivalent"),
+                    ("2", "usage: a bad results file, no cell in common, a missing run")],
+    "inspect": [("0", "inspected: per-expert, shared or unquantized, no expert amax missing"),
+                ("1", "inspected, and the checkpoint needs care: a mixed or incomplete layout, "
+                      "or expert amax missing (see `python -m harness repair`)"),
+                ("2", "not a megatron-core distributed checkpoint"),
+                ("3", "a storage file missing or damaged")],
+    "repair": [("0", "written and verified, the dry run printed, or nothing to repair (no DST)"),
+               ("1", "the repair failed; DST not written"), ("2", "bad input, or a DST problem"),
+               ("3", "SRC damaged")],
+    "golden": [("0", "done"), ("2", "a bad golden, manifest or option (one line names it)")],
+    "matrix": [("0", "every pair ran, each cell as its pair's rule says"),
+               ("1", "a pair that cannot run, or a cell failed, unexpected or without a rule"),
+               ("2", "usage: a bad --modelopt, --mcore or --from")],
+}
+
+
+def _exits(cmd: str) -> dict:
+    """add_parser keywords that show the command's exit codes as its --help epilog."""
+    rows = [textwrap.fill(meaning, 96, initial_indent=f"  {code:7}", subsequent_indent=" " * 9)
+            for code, meaning in EXIT_CODES[cmd]]
+    return {"epilog": "exit codes:\n" + "\n".join(rows),
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def bounded_int(low: int, high: int):
     """An argparse type: an int in [low, high], else one clear line (no silent default)."""
     def parse(text: str) -> int:
@@ -39,6 +97,7 @@ def bounded_int(low: int, high: int):
     return parse
 
 
+<<<<<<< HEAD
 def _add_gate_pair_args(v: argparse.ArgumentParser) -> None:
     """``verdict --job ID --gate --modelopt V [--mcore V]``: the gate finds the committed records
     of that pair by itself (harness/report/records_index.py); the gate's exit codes in --help."""
@@ -66,23 +125,27 @@ def _add_evidence_command(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+=======
+def parser() -> argparse.ArgumentParser:
+    """Every command, its options and its exit codes (each --help's epilog)."""
+>>>>>>> issue53-cli
     from harness.tiers import STAGE_MODES
-    from harness.launch.signals import interrupt_on_signals
 
-    _quiet()
-    interrupt_on_signals()
-    p = argparse.ArgumentParser(prog="python -m harness", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog="python -m harness", description=DESCRIPTION,
+                                epilog="exit codes: each command's --help lists its own")
     p.add_argument("--results-root", default=str(RESULTS_DIR))
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    m = sub.add_parser("map", help="collision map of every topology up to N ranks (oracle)")
+    m = sub.add_parser("map", help="collision map of every topology up to N ranks (oracle)",
+                       **_exits("map"))
     m.add_argument("--max-world", type=bounded_int(1, 64), default=8,
                    help="largest world size (1..64; the map grows fast with it)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(fn=commands.cmd_map)
 
-    r = sub.add_parser("run", help="run scenario cells and print the table")
-    r.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable)")
+    r = sub.add_parser("run", help="run scenario cells and print the table", **_exits("run"))
+    r.add_argument("--scenario", action="append", default=[],
+                   help="scenario name, or the path of its file in scenarios/ (repeatable)")
     r.add_argument("--cells", action="append", default=[],
                    help="glob on cell ids, e.g. '*save=tp4-etp1-ep8*' (repeatable)")
     r.add_argument("--jobs", type=bounded_int(1, 64), default=1,
@@ -98,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                         "unchanged, to compare with the gloo run: `equivalence --outcomes-only`)")
     r.set_defaults(fn=commands.cmd_run)
 
-    sm = sub.add_parser("sample", help="randomized cells the committed grids do not have, run as scenarios")
+    sm = sub.add_parser("sample", help="randomized cells the committed grids do not have, run as "
+                                       "scenarios", **_exits("sample"))
     sm.add_argument("--seed", type=int, required=True, help="the same seed draws the same cells")
     sm.add_argument("--cells", type=bounded_int(1, 1000), default=50, help="load cells to draw")
     sm.add_argument("--ranks", type=bounded_int(1, 64), default=8,
@@ -110,16 +174,18 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--slice", default="", metavar="K/N",
                     help="run the K-th of N slices of the draw (whole saves each; the N slices are the draw)")
     sm.add_argument("--list", action="store_true", help="print the drawn cells, run nothing")
-    sm.add_argument("--jobs", type=bounded_int(1, 64), default=1, help="cells at once per phase")
+    sm.add_argument("--jobs", type=bounded_int(1, 64), help="cells at once per phase (default 1)")
     sm.add_argument("--label", default="", help="suffix of the results/<run-id> folder")
     sm.add_argument("--stage-mode", choices=STAGE_MODES, default=None, help="as for run")
     sm.set_defaults(fn=commands.cmd_sample)
 
-    rp = sub.add_parser("repro", help="the main job: reproduce the bug and check the fix here")
+    rp = sub.add_parser("repro", help="the main job: reproduce the bug and check the fix here",
+                        **_exits("repro"))
     rp.add_argument("--gpu", choices=("auto", "yes", "no"), default="auto")
     rp.set_defaults(fn=commands.cmd_repro)
 
-    d = sub.add_parser("dump-metadata", help="record sharded-state-dict metadata of a topology")
+    d = sub.add_parser("dump-metadata", help="record sharded-state-dict metadata of a topology",
+                       **_exits("dump-metadata"))
     d.add_argument("--topology", required=True)
     d.add_argument("--tier", default=Tier.GPU_SHARED, choices=TIERS)
     d.add_argument("--backend", default=Backend.TE, choices=BACKENDS)
@@ -127,14 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--out", required=True)
     d.set_defaults(fn=commands.cmd_dump)
 
-    v = sub.add_parser("verdict", help="un-quarantine verdict for the two nmm-sandbox jobs")
+    v = sub.add_parser("verdict", help="un-quarantine verdict for the two nmm-sandbox jobs",
+                       **_exits("verdict"))
     v.add_argument("--results", action="append", default=[],
                    help="results.json to judge (repeatable; default: run the verdict cells)")
     v.add_argument("--job", help="one job of scenarios/quarantine.toml (its id)")
     v.add_argument("--gate", action="store_true",
-                   help="exit 0 only when --job may leave quarantine: 0 SAFE (or SAFE WITH PATCH "
-                        "with --patched), 1 UNEXPECTED FAILURE, 2 usage, 3 BLOCKED, 4 INCOMPLETE "
-                        "/ NO EVIDENCE / RULE UNKNOWN")
+                   help="exit 0 only when --job may leave quarantine (the codes: below)")
     v.add_argument("--patched", action="store_true",
                    help="with --gate: the job's pipeline applies the fix (installs the moe-ckpt-fix "
                         "wheel of `make fix-wheel` and sets MOE_CKPT_FIX=1)")
@@ -146,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
 
     _add_evidence_command(sub)
 
-    rep = sub.add_parser("report", help="markdown summary + grid picture of a run")
+    rep = sub.add_parser("report", help="markdown summary + grid picture of a run",
+                         **_exits("report"))
     rep.add_argument("results", nargs="?", help="results.json (default: the newest run)")
     rep.set_defaults(fn=commands.cmd_report)
 
-    eq = sub.add_parser("equivalence", help="do two runs of the same cells give the same results?")
+    eq = sub.add_parser("equivalence", help="do two runs of the same cells give the same results?",
+                        **_exits("equivalence"))
     eq.add_argument("reference", nargs="?", help="results.json of the reference run (fresh torchrun per stage)")
     eq.add_argument("candidate", nargs="?", help="results.json of the run to check (e.g. --stage-mode pool)")
     eq.add_argument("--rejudge", nargs="+", metavar="RESULTS",
@@ -163,19 +230,22 @@ def main(argv: list[str] | None = None) -> int:
                          "older rules, e.g. a gloo run of 2026-12-02 against a new NCCL run)")
     eq.set_defaults(fn=commands.cmd_equivalence)
 
-    ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds")
+    ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds",
+                         **_exits("inspect"))
     ins.add_argument("ckpt")
     ins.add_argument("--json", action="store_true", help="the layout and forecast as JSON")
     ins.set_defaults(fn=commands.cmd_inspect)
 
     rpr = sub.add_parser("repair", help="write a copy of a checkpoint that per-expert releases "
-                                        "load complete (offline, no GPU; SRC is not touched)")
+                                        "load complete (offline, no GPU; SRC is not touched)",
+                         **_exits("repair"))
     rpr.add_argument("src")
     rpr.add_argument("dst")
     rpr.add_argument("--dry-run", action="store_true", help="print what would be written")
     rpr.set_defaults(fn=commands.cmd_repair)
 
-    g = sub.add_parser("golden", help="golden checkpoints: make (GPU host), write or verify a manifest")
+    g = sub.add_parser("golden", help="golden checkpoints: make (GPU host), write or verify a "
+                                      "manifest", **_exits("golden"))
     gsub = g.add_subparsers(dest="golden_cmd", required=True)
     gm = gsub.add_parser("make", help="save stage + manifest (GPU host; not run on CPU)")
     gm.add_argument("dir")
@@ -197,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     gv.add_argument("dir")
     g.set_defaults(fn=commands.cmd_golden)
 
-    mx = sub.add_parser("matrix", help="witness + fix scenarios against several modelopt versions")
+    mx = sub.add_parser("matrix", help="witness + fix scenarios against several modelopt versions",
+                        **_exits("matrix"))
     mx.add_argument("--modelopt", action="append", default=[],
                     help="a release (0.48.0rc1), a local wheel file, or git:<ref> (docker "
                          "image); repeatable; default: every version harness/check/versions.py knows")
@@ -209,8 +280,64 @@ def main(argv: list[str] | None = None) -> int:
                     help="an earlier matrix run directory (or its matrix.json) to include; "
                          "alone: render those rows without running anything")
     mx.set_defaults(fn=commands.cmd_matrix)
+    return p
 
-    args = p.parse_args(argv)
+
+def idle_option(args) -> str | None:
+    """An option that does nothing with the others given: the line refusing it, or None.
+
+    Why: an ignored option reads as a choice made (``verdict --patched`` without ``--gate``
+    judged the same as without it)."""
+    def given(*pairs) -> str:
+        return ", ".join(name for name, value in pairs if value)
+
+    if args.cmd == "verdict" and args.patched and not args.gate:
+        return ("--patched needs --gate: it says the job's pipeline applies harness.fix, which only "
+                "the gate reads")
+    if args.cmd == "equivalence" and args.rejudge:
+        idle = given(("REFERENCE/CANDIDATE", args.reference), ("--outcomes-only", args.outcomes_only),
+                     ("--rejudged", args.rejudged))
+        if idle:
+            return (f"{idle}: compare two runs, while --rejudge judges recorded runs against "
+                    "themselves; give one or the other")
+    if args.cmd == "sample" and args.list:
+        idle = given(("--jobs", args.jobs is not None), ("--label", args.label),
+                     ("--stage-mode", args.stage_mode))
+        if idle:
+            return f"{idle}: shape(s) a run, and --list runs nothing"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.launch.signals import interrupt_on_signals
+
+    _quiet()
+    interrupt_on_signals()
+    args = parser().parse_args(argv)
+    idle = idle_option(args)
+    if idle:
+        print(f"error: {idle}", file=sys.stderr)
+        return 2
+    try:
+        return _checked_run(args)
+    except SwitchError as exc:  # a yes/no variable set to another word (harness/switches.py)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def writes_runs(args) -> bool:
+    """Whether the command writes run directories under --results-root."""
+    return args.cmd in ("run", "repro", "dump-metadata", "matrix") or (
+        args.cmd == "sample" and not args.list) or (args.cmd == "verdict" and not args.results)
+
+
+def _checked_run(args) -> int:
+    """The checks every command that runs stages makes first, then the command."""
+    if writes_runs(args):
+        why = unwritable_dir(Path(args.results_root))
+        if why:
+            print(f"error: --results-root {args.results_root}: {why}", file=sys.stderr)
+            return 2
     if args.cmd in ("run", "repro", "dump-metadata", "verdict"):
         from harness.machine import version_problem
 

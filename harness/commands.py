@@ -23,13 +23,19 @@ def cmd_map(args) -> int:
 
 def cmd_run(args) -> int:
     from harness.run.cells import run_cells, select_cells
-    from harness.scenario.scenarios import load_all_with_errors, report_errors
+    from harness.scenario.scenarios import (ScenarioError, load_all_with_errors, report_errors,
+                                            scenario_name)
 
     good, bad = load_all_with_errors()
     report_errors(bad)  # reported and skipped: one bad file never blocks the others
-    if any({err.name, Path(err.path).stem} & set(args.scenario) for err in bad):
+    try:
+        asked = {scenario_name(a, good, bad) for a in args.scenario}
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if any({err.name, Path(err.path).stem} & asked for err in bad):
         return 2  # the scenario asked for is a bad one
-    scenarios = [s for s in good if not args.scenario or s.name in args.scenario]
+    scenarios = [s for s in good if not asked or s.name in asked]
     if args.nccl_shared_gpu:
         from harness.scenario.scenarios import as_nccl_shared
 
@@ -70,7 +76,7 @@ def cmd_sample(args) -> int:
         os.environ["HARNESS_STAGE_MODE"] = args.stage_mode
     cells = [c for s in scenarios for c in s.cells()]
     label = args.label or f"sample-s{args.seed}-{args.patch}"
-    doc = run_cells(cells, Path(args.results_root), label=label, jobs=args.jobs)
+    doc = run_cells(cells, Path(args.results_root), label=label, jobs=args.jobs or 1)
     from harness.run.results import exit_code
 
     return exit_code(doc)
@@ -101,12 +107,14 @@ def cmd_verdict(args) -> int:
     from harness.report import gate, verdict, verdict_text
     from harness.report.jobs import QUARANTINE_ENV, ProfileError
 
+    given = ("--quarantine " if getattr(args, "quarantine", None) else
+             f"{QUARANTINE_ENV}=" if os.environ.get(QUARANTINE_ENV) else "")  # who named the file
     if getattr(args, "quarantine", None):  # every later load_quarantine takes this file
         os.environ[QUARANTINE_ENV] = args.quarantine
     try:
-        verdict.load_quarantine()
-    except (OSError, ProfileError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        verdict.cells_to_run()  # the profile file read and checked, each job's scenarios too
+    except ProfileError as exc:
+        print(f"error: {given}{exc}", file=sys.stderr)
         return gate.EXIT_USAGE
     try:
         if args.gate and not args.job:
@@ -134,7 +142,7 @@ def cmd_verdict(args) -> int:
     cells = verdict.cells_to_run()
     if all(tier_skip_reason(c.scenario.tier, c.world) for c in cells):
         print(verdict_text.no_evidence_line(cells[0].scenario.tier))  # nothing could run here
-        return gate.EXIT_UNDECIDED if args.gate else 0
+        return gate.EXIT_UNDECIDED
     print(f"running {len(cells)} verdict cell(s) with the installed modelopt", file=sys.stderr)
     doc = run_cells(cells, Path(args.results_root), label="verdict", out=sys.stderr)
     from harness.run.results import exit_code

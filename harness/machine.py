@@ -22,7 +22,7 @@ from harness.tiers import TIERS, facts
 # question: harness/check/versions.py. Outside the range a run needs the override.
 SUPPORTED_MCORE = ("0.15.0", "0.15.1", "0.15.2", "0.15.3", "0.16.0", "0.16.1", "0.19.2")
 REFERENCE_MCORE = "0.19.2"
-MCORE_OVERRIDE = "HARNESS_ANY_MCORE"  # =1: run on an untested megatron-core anyway (recorded)
+MCORE_OVERRIDE = "HARNESS_ANY_MCORE"  # on: run on an untested megatron-core anyway (recorded)
 
 
 def version(dist: str) -> str | None:
@@ -202,13 +202,14 @@ class VersionProblem(NamedTuple):
 
 def version_problem() -> VersionProblem | None:
     """A clear message when a package is missing or at a version this harness was not built for."""
+    overridden = mcore_overridden()  # read first: a bad value stops the run, needed here or not
     mc = version("megatron-core")
     if mc is None:
         return VersionProblem("megatron-core is not installed (run `make test` or "
                               "tools/bootstrap-venv.sh)", fatal=True)
     problem = mcore_problem(mc)
     if problem:
-        return VersionProblem(problem, fatal=not mcore_overridden())
+        return VersionProblem(problem, fatal=not overridden)
     mo = version("nvidia-modelopt")
     if mo is None:
         return VersionProblem("nvidia-modelopt is not installed", fatal=True)
@@ -229,7 +230,9 @@ def public_version(v: str | None) -> str | None:
 
 
 def mcore_overridden() -> bool:
-    return os.environ.get(MCORE_OVERRIDE, "") == "1"
+    from harness.switches import switch
+
+    return switch(MCORE_OVERRIDE)
 
 
 def mcore_problem(mc: str) -> str | None:

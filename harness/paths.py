@@ -2,6 +2,7 @@
 written down."""
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -29,6 +30,21 @@ def shown_path(path: Path) -> str:
         return path.resolve().relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return str(path)
+
+
+def unwritable_dir(path: Path) -> str | None:
+    """Why no directory can be made or written under ``path``, in words, or None; creates nothing.
+
+    Why: a run's first write is deep inside it (a probe, a pool, a stage); a read-only or file
+    results root must stop the command before anything runs, in one line."""
+    base = Path(path)
+    while not base.exists() and base.parent != base:  # where a mkdir -p would start
+        base = base.parent
+    if not base.is_dir():
+        return f"{'it' if base == Path(path) else base} is a file, not a directory"
+    if not os.access(base, os.W_OK | os.X_OK):  # also false on a read-only filesystem
+        return f"no permission to write in {'it' if base == Path(path) else base}"
+    return None
 
 
 def safe_name(name: str) -> str:

@@ -165,10 +165,10 @@ def _args(**kw) -> SimpleNamespace:
 @pytest.mark.parametrize("gate", [False, True])
 def test_no_results_and_no_gpu_is_one_line(tmp_path, capsys, gate):
     """Nothing to judge and nothing runnable here: one line saying where evidence comes from, no
-    cells run (every one would be skipped), exit 0 for the report and 4 for the gate."""
+    cells run (every one would be skipped), exit 4 (nothing decides) for the report and the gate."""
     rc = commands.cmd_verdict(_args(results_root=str(tmp_path), gate=gate, job=NANO if gate else None))
     out = capsys.readouterr().out
-    assert rc == (4 if gate else 0)
+    assert rc == 4
     _no_evidence_line(out)
     assert not any(tmp_path.iterdir()), "no run directory: nothing ran"
 
@@ -197,7 +197,7 @@ NO_JOB_CELLS = ["20261203-004730-density", "20261203-033850-pipeline", "20261203
 
 def test_results_without_evidence_say_so_once_not_per_file(capsys):
     docs = verdict.read_docs([RUNS / f"{n}.results.json" for n in NO_JOB_CELLS])
-    assert verdict_text.main(docs) == 0
+    assert verdict_text.main(docs) == 4  # nothing decides, as the gate says it
     _no_evidence_line(capsys.readouterr().out, files=len(NO_JOB_CELLS))
 
 

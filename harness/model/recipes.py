@@ -103,7 +103,8 @@ def recipe_problem(recipe: Recipe, root: Path) -> str | None:
     Unknown when ModelOpt is not installed here: the rank then says it."""
     if recipe.kind == "file":
         path = root / recipe.target
-        return None if path.is_file() else f"{recipe.ref}: no such file in the repository"
+        return _file_problem(recipe, path) if path.is_file() else \
+            f"{recipe.ref}: no such file in the repository"
     if recipe.kind == "mtq":
         if _mtq_defined(recipe.target) is False:
             return f"{recipe.ref}: the installed nvidia-modelopt defines no {recipe.target}"
@@ -111,6 +112,28 @@ def recipe_problem(recipe: Recipe, root: Path) -> str | None:
     library = builtin_library()
     if library is not None and _builtin_file(recipe.target, library) is None:
         return f"{recipe.ref}: no such recipe in the installed nvidia-modelopt's built-in library"
+    return None
+
+
+def _file_problem(recipe: Recipe, path: Path) -> str | None:
+    """What a recipe file must be for ModelOpt's loader (``modelopt.recipe.load_recipe``) and the
+    save stage, checked without importing ModelOpt: YAML, whose ``metadata.recipe_type`` is
+    ``ptq``, with a ``quantize`` section. Why: a broken file used to fail on every rank, and the
+    cells, whose recipe has no rule, were judged rule-unknown: a run that exits 0."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{recipe.ref}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}"
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{recipe.ref}: cannot read ({type(exc).__name__}: {exc})"
+    meta = raw.get("metadata") if isinstance(raw, dict) else None
+    if not isinstance(meta, dict) or meta.get("recipe_type") != "ptq" or "quantize" not in raw:
+        return (f"{recipe.ref}: not a PTQ recipe: ModelOpt's loader needs 'metadata: "
+                "{recipe_type: ptq}' and a 'quantize' section")
     return None
 
 

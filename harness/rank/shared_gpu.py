@@ -24,7 +24,9 @@ def rank_env(rank: int) -> dict[str, str]:
 
 def apply(rank: int) -> bool:
     """Set this rank's settings when the stage asks for the mode; whether it did."""
-    if os.environ.get(SHARED_GPU_ENV) != "1":
+    from harness.switches import switch
+
+    if not switch(SHARED_GPU_ENV):
         return False
     os.environ.update(rank_env(rank))
     return True

@@ -17,6 +17,7 @@ the reason (issue 25: a rule change lists what it changes).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from harness.check.results_file import ResultsFileError, read_results
@@ -59,7 +60,7 @@ def differences(reference: dict, candidate: dict, outcomes_only: bool = False) -
     if not outcomes_only:
         out += [f"{cid}: only in the reference run" for cid in sorted(set(ref) - set(got))]
         out += [f"{cid}: only in the candidate run" for cid in sorted(set(got) - set(ref))]
-    for cid in sorted(compared_ids(reference, candidate) if outcomes_only else set(ref) & set(got)):
+    for cid in sorted(common_ids(reference, candidate, outcomes_only)):
         a, b = ref[cid], got[cid]
         out += [f"{cid}: {k} {getattr(a, k)!r} != {getattr(b, k)!r}"
                 for k in (SAME_OUTCOME if outcomes_only else SAME) if getattr(a, k) != getattr(b, k)]
@@ -97,13 +98,13 @@ def outcome_changes(doc: dict, cells: dict | None = None) -> list[tuple[str, str
 
 
 def rejudge_main(paths: list[str]) -> int:
-    """Print every outcome change of the recorded runs; 1 when a bad file, else 0."""
+    """Print every outcome change of the recorded runs; 2 when a bad file, else 0."""
     rc = 0
     for p in paths:
         try:
             doc = read_results(Path(p))
         except ResultsFileError as exc:
-            print(f"error: {exc}")
+            print(f"error: {exc}", file=sys.stderr)
             rc = 2
             continue
         changes = outcome_changes(doc)
@@ -113,24 +114,36 @@ def rejudge_main(paths: list[str]) -> int:
     return rc
 
 
+def common_ids(reference: dict, candidate: dict, outcomes_only: bool = False) -> set[str]:
+    """The cells compared: both runs hold them (and, ``outcomes_only``, both ran them)."""
+    if outcomes_only:
+        return compared_ids(reference, candidate)
+    ids = [{c.cell_id for c in RunResults.of(d).cells} for d in (reference, candidate)]
+    return ids[0] & ids[1]
+
+
 def main(args) -> int:
+    """Exit 0: equivalent; 1: not; 2: a bad results file, no cell in common, a usage error."""
     if getattr(args, "rejudge", None):
         return rejudge_main(args.rejudge)
     if not (args.reference and args.candidate):
-        print("error: equivalence needs REFERENCE and CANDIDATE results.json, or --rejudge RUN ...")
+        print("error: equivalence needs REFERENCE and CANDIDATE results.json, or --rejudge RUN ...",
+              file=sys.stderr)
         return 2
     try:
         ref, got = (read_results(Path(p)) for p in (args.reference, args.candidate))
     except ResultsFileError as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    only = getattr(args, "outcomes_only", False)
+    if not common_ids(ref, got, only):  # "equivalent" over no cell would be a false all-clear
+        print(f"error: {args.reference} and {args.candidate} have no cell in common"
+              f"{' that both ran' if only else ''}: nothing to compare", file=sys.stderr)
         return 2
     if getattr(args, "rejudged", False):
         ref, got = rejudged_doc(ref), rejudged_doc(got)
-    only = getattr(args, "outcomes_only", False)
     diffs = differences(ref, got, outcomes_only=only)
-    cells = len(RunResults.of(ref).cells)
-    if only:
-        cells = len(compared_ids(ref, got))
+    cells = len(common_ids(ref, got, True)) if only else len(RunResults.of(ref).cells)
     if diffs:
         print(f"NOT equivalent: {len(diffs)} difference(s) over {cells} {'common' if only else 'reference'} cells")
         print("\n".join(f"  {d}" for d in diffs))

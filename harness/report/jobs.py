@@ -6,12 +6,17 @@ read it and nothing else.
 """
 from __future__ import annotations
 
+import datetime
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal, Mapping
+
+from pydantic import BeforeValidator, Field, ValidationError
 
 from harness.paths import QUARANTINE_FILE
 from harness.scenario.cells import Cell, Scenario
+from harness.scenario.schema import Name, Text, _explain, _Schema
 from harness.topology.topology import Topology
 
 QUARANTINE = QUARANTINE_FILE
@@ -64,6 +69,7 @@ class Job:
     production: str
     assumption: str
     profile: Profile
+    where: str = ""  # its place in the profile file, for error lines: "<file>: jobs[<i>]"
 
 
 @dataclass(frozen=True)
@@ -76,53 +82,153 @@ class ProfileError(ValueError):
     """A job profile the scenarios cannot stand in for: one line naming the file and key."""
 
 
-def _profile(j: dict, where: str) -> Profile:
+def _date_as_text(value):
+    return value.isoformat() if isinstance(value, datetime.date) else value
+
+
+class _VariantSchema(_Schema):
+    model: Text
+    witness_scenario: Name
+    fix_scenario: str = ""
+    loads: list[Text] = []
+
+
+class _ProfileSchema(_Schema):
+    recipe: Text
+    modules: Text
+    not_modelled: str = ""
+    witness_scenario: Name
+    fix_scenario: Name
+    loads: Annotated[list[Text], Field(min_length=1)]
+    also: list[_VariantSchema] = []
+
+
+class _JobSchema(_Schema):
+    id: Name
+    name: Text
+    pipeline: Text
+    issue: Text
+    filed_from: str = ""
+    quarantined_since: str = ""
+    review_by: Annotated[Text, BeforeValidator(_date_as_text)]  # a TOML date or a string
+    failing_stage: Literal["save", "load"]
+    production_save: Text
+    production_load: Text
+    save: Text
+    load: Text
+    assumption: str = ""
+    profile: _ProfileSchema
+
+
+class _QuarantineSchema(_Schema):
+    """What a quarantine file may say: checked as a scenario file is (harness/scenario/schema.py)."""
+
+    goldens_scenario: str = ""
+    jobs: Annotated[list[_JobSchema], Field(min_length=1)]
+
+
+def _topology(text: str, key: str, problems: list[str]) -> Topology | None:
+    try:
+        return Topology.parse(text)
+    except ValueError as exc:
+        problems.append(f"{key}: {exc}")
+        return None
+
+
+def _job(where: str, i: int, j: _JobSchema, problems: list[str]) -> Job | None:
+    """The job of ``jobs[i]`` in the file ``where``; what the schema cannot say (topologies, the
+    recipe) goes to ``problems``."""
     from harness.model.recipes import Recipe, RecipeError
 
-    raw = j.get("profile")
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{where}: jobs[{j.get('id')}].profile: required table missing")
+    key = f"jobs[{i}]"
+    save, load = (_topology(getattr(j, k), f"{key}.{k}", problems) for k in ("save", "load"))
+    loads = [_topology(t, f"{key}.profile.loads[{n}]", problems) for n, t in enumerate(j.profile.loads)]
+    also = [Variant(model=" ".join(a.model.split()), witness=a.witness_scenario, fix=a.fix_scenario,
+                    loads=tuple(_topology(t, f"{key}.profile.also[{n}].loads[{m}]", problems)
+                                for m, t in enumerate(a.loads)))
+            for n, a in enumerate(j.profile.also)]
     try:
-        recipe = Recipe.parse(raw["recipe"]).ref
-        loads = tuple(Topology.parse(t) for t in raw["loads"])
-        also = tuple(_variant(a, i) for i, a in enumerate(raw.get("also", ())))
-        return Profile(recipe=recipe, modules=" ".join(raw["modules"].split()),
-                       witness=raw["witness_scenario"], fix=raw["fix_scenario"], loads=loads,
-                       not_modelled=" ".join(raw.get("not_modelled", "").split()), also=also)
-    except KeyError as exc:
-        raise ProfileError(f"{where}: jobs[{j.get('id')}].profile.{exc.args[0]}: required key "
-                           "missing") from None
-    except (RecipeError, ValueError) as exc:
-        raise ProfileError(f"{where}: jobs[{j.get('id')}].profile: {exc}") from None
-
-
-def _variant(a: dict, i: int) -> Variant:
-    """``[[jobs.profile.also]]`` entry ``i``; a missing key is named ``also.<i>.<key>``."""
-    try:
-        return Variant(model=" ".join(a["model"].split()), witness=a["witness_scenario"],
-                       fix=a.get("fix_scenario", ""),
-                       loads=tuple(Topology.parse(t) for t in a.get("loads", ())))
-    except KeyError as exc:
-        raise KeyError(f"also.{i}.{exc.args[0]}") from None
+        recipe = Recipe.parse(j.profile.recipe).ref
+    except RecipeError as exc:
+        problems.append(f"{key}.profile.recipe: {exc}")
+        return None
+    if save is None or load is None or None in loads or any(None in a.loads for a in also):
+        return None
+    return Job(
+        id=j.id, name=j.name, pipeline=j.pipeline, issue=j.issue, review_by=j.review_by,
+        failing_stage=j.failing_stage, save=save, load=load,
+        production=f"{j.production_save} -> {j.production_load}",
+        assumption=" ".join(j.assumption.split()), where=f"{where}: {key}",
+        profile=Profile(recipe=recipe, modules=" ".join(j.profile.modules.split()),
+                        witness=j.profile.witness_scenario, fix=j.profile.fix_scenario,
+                        loads=tuple(loads), not_modelled=" ".join(j.profile.not_modelled.split()),
+                        also=tuple(also)))
 
 
 def load_quarantine(path: Path | None = None) -> Quarantine:
+    """The jobs of the quarantine file, or ProfileError: one line naming the file, the key and
+    the constraint (a typo'd key with the closest allowed one), as for a scenario file."""
     from harness.paths import shown_path
 
     path = Path(path) if path else quarantine_path()
-    data = tomllib.loads(path.read_text())
-    jobs = tuple(
-        Job(
-            id=j["id"], name=j["name"], pipeline=j["pipeline"], issue=j["issue"],
-            review_by=str(j["review_by"]), failing_stage=j["failing_stage"],
-            save=Topology.parse(j["save"]), load=Topology.parse(j["load"]),
-            production=f"{j['production_save']} -> {j['production_load']}",
-            assumption=" ".join(j.get("assumption", "").split()),
-            profile=_profile(j, shown_path(path)),
-        )
-        for j in data["jobs"]
-    )
-    return Quarantine(jobs, data.get("goldens_scenario", ""))
+    where = shown_path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{where}: invalid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{where}: cannot read ({type(exc).__name__}: "
+                           f"{getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        doc = _QuarantineSchema.model_validate(data)
+    except ValidationError as exc:
+        why = "; ".join(_explain(e, _QuarantineSchema) for e in exc.errors(include_url=False))
+        raise ProfileError(f"{where}: {why}") from None
+    problems: list[str] = []
+    jobs = [_job(where, i, j, problems) for i, j in enumerate(doc.jobs)]
+    seen: dict[str, int] = {}
+    for i, j in enumerate(doc.jobs):
+        if j.id in seen:
+            problems.append(f"jobs[{i}].id: {j.id!r} is already the id of jobs[{seen[j.id]}]")
+        seen.setdefault(j.id, i)
+    if problems:
+        raise ProfileError(f"{where}: " + "; ".join(problems))
+    return Quarantine(tuple(jobs), doc.goldens_scenario)
+
+
+def stand_ins(job: Job, by_name: Mapping[str, Scenario]) -> tuple[Scenario, Scenario | None]:
+    """The job's witness and fix scenarios (None: a variant with no patched twin); ProfileError
+    names the key and the closest name."""
+    import difflib
+
+    out = []
+    for key, name in (("witness_scenario", job.profile.witness), ("fix_scenario", job.profile.fix)):
+        if not name and key == "fix_scenario":
+            out.append(None)
+            continue
+        if name not in by_name:
+            close = difflib.get_close_matches(name, list(by_name), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ProfileError(f"{job.where}.profile.{key}: no scenario {name!r}{hint}")
+        out.append(by_name[name])
+    return out[0], out[1]
+
+
+def job_cells(job: Job, scenario: Scenario) -> list[Cell]:
+    """The scenario's save-only cell at the job's save and its save -> load cell for every load
+    of the job's reload grid; the scenario must quantize with the job's recipe."""
+    if scenario.recipe != job.profile.recipe:
+        raise ProfileError(f"{job.where}.profile.recipe: job {job.id} quantizes with "
+                           f"{job.profile.recipe}, its scenario {scenario.name} with {scenario.recipe}")
+    wanted = {t.id for t in job.profile.loads}
+    cells = [c for c in scenario.cells() if c.save.id == job.save.id
+             and (c.load is None or c.load.id in wanted)]
+    have = {c.load.id for c in cells if c.load is not None}
+    if have != wanted:
+        raise ProfileError(f"{job.where}: scenario {scenario.name} has no cell save={job.save.id}"
+                           f" -> load={', '.join(sorted(wanted - have))} for job {job.id}; add the "
+                           f"topologies to {Path(scenario.source).name}")
+    return cells
 
 
 def variant_job(job: Job, variant: Variant) -> Job:
@@ -131,20 +237,3 @@ def variant_job(job: Job, variant: Variant) -> Job:
 
     return replace(job, profile=replace(job.profile, witness=variant.witness, fix=variant.fix,
                                         loads=variant.loads or job.profile.loads, also=()))
-
-
-def job_cells(job: Job, scenario: Scenario) -> list[Cell]:
-    """The scenario's save-only cell at the job's save and its save -> load cell for every load
-    of the job's reload grid; the scenario must quantize with the job's recipe."""
-    if scenario.recipe != job.profile.recipe:
-        raise ProfileError(f"scenario {scenario.name} quantizes with {scenario.recipe}, job "
-                           f"{job.id} with {job.profile.recipe} (scenarios/quarantine.toml)")
-    wanted = {t.id for t in job.profile.loads}
-    cells = [c for c in scenario.cells() if c.save.id == job.save.id
-             and (c.load is None or c.load.id in wanted)]
-    have = {c.load.id for c in cells if c.load is not None}
-    if have != wanted:
-        raise ProfileError(f"scenario {scenario.name} has no cell save={job.save.id} -> "
-                           f"load={', '.join(sorted(wanted - have))} for job {job.id}; add the "
-                           f"topologies to {Path(scenario.source).name}")
-    return cells

@@ -498,6 +498,10 @@ def main(args) -> int:
     except ResultsFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the report goes beside the results: a read-only run directory
+        print(f"error: {exc.filename}: cannot write the report beside {path} "
+              f"({type(exc).__name__}: {exc.strerror})", file=sys.stderr)
+        return 2
     print(text)
     print(f"wrote {RunDir(path.parent).summary} and {RunDir(path.parent).grid}", file=sys.stderr)
     return 0

@@ -33,7 +33,8 @@ from typing import Any, Mapping
 from harness.check.judge import SHAPE_REFUSAL_FINDING
 from harness.check.results_file import read_results
 from harness.report.summary import cause
-from harness.report.jobs import QUARANTINE, Job, Quarantine, job_cells, load_quarantine  # noqa: F401
+from harness.report.jobs import (QUARANTINE, Job, Quarantine, job_cells, load_quarantine,  # noqa: F401
+                                 stand_ins)
 from harness.records import CellRecord, Outcome, RunResults, Stage
 from harness.scenario.cells import Cell, Scenario
 from harness.machine import skip_kind
@@ -236,9 +237,8 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
 
 def evidence_cells(job: Job, scenarios: list[Scenario] | None = None) -> tuple[list[Cell], list[Cell]]:
     """(witness cells, fix cells) of ``job``: its profile's scenarios at its save and reloads."""
-    by_name = {s.name: s for s in (scenarios or load_all())}
-    fix = job_cells(job, by_name[job.profile.fix]) if job.profile.fix else []
-    return job_cells(job, by_name[job.profile.witness]), fix
+    witness, fix = stand_ins(job, {s.name: s for s in (scenarios or load_all())})
+    return job_cells(job, witness), (job_cells(job, fix) if fix else [])
 
 
 def judge_records(records: Mapping[str, Record], quarantine: Quarantine | None = None,
@@ -300,8 +300,7 @@ def cells_to_run() -> list[Cell]:
     """The witness and fix cells of every quarantined job: what a verdict needs run."""
     q, scenarios = load_quarantine(), load_all()
     by_name = {s.name: s for s in scenarios}
-    ids = {c.id for j in q.jobs for name in (j.profile.witness, j.profile.fix)
-           for c in job_cells(j, by_name[name])}
+    ids = {c.id for j in q.jobs for s in stand_ins(j, by_name) if s for c in job_cells(j, s)}
     return [c for s in scenarios for c in s.cells() if c.id in ids]  # scenario order, once each
 
 

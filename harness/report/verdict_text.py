@@ -153,7 +153,14 @@ def _incomplete(runs: list[RunResults]) -> list[str]:
 
 
 def main(docs: list[tuple[str, Mapping[str, Any]]], job: str | None = None) -> int:
-    """Print the verdicts of ``docs`` (label, results.json); 1 when any job is UNEXPECTED."""
+    """Print the verdicts of ``docs`` (label, results.json). Exit 1 when any job is UNEXPECTED,
+    else the gate's code for "nothing decides" (4) when no job gets a verdict that decides
+    (SAFE, SAFE WITH PATCH, BLOCKED), else 0."""
+    from harness.report import gate
+
     text, verdicts = verdict_report(docs, job)
     print(text)
-    return 1 if any(v.unexpected for v in verdicts) else 0
+    if any(v.unexpected for v in verdicts):
+        return gate.EXIT_UNEXPECTED
+    decides = [v for v in verdicts if gate.exit_code(v.word, patched=True) != gate.EXIT_UNDECIDED]
+    return 0 if decides else gate.EXIT_UNDECIDED

@@ -7,12 +7,14 @@ witness and the fix at the report's topology (tp4-etp1-ep8) on tier gpu-shared.
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
+from harness.launch.signals import shutdown_signal
 from harness.paths import RunDir
 from harness.records import UNEXPECTED_OUTCOMES
-from harness.run.results import exit_code
+from harness.run.results import collect, exit_code
 from harness.scenario import selections
 from harness.machine import tier_skip_reason, versions
 from harness.tiers import Tier
@@ -41,9 +43,10 @@ def _show_map() -> None:
           f"{s['fixed_fail']} under the fix  (details: python -m harness map)")
 
 
-def _show_real_validation(run: RunDir) -> None:
+def _show_real_validation(run: RunDir) -> bool | None:
     """megatron-core's real validation on gloo ranks, judged per topology and rule and written
-    into the run (its probes.json: results.json, summary.md and grid.png show the witness)."""
+    into the run (its probes.json: results.json, summary.md and grid.png show the witness).
+    Whether the oracle agrees with it; None when a signal stopped the probe."""
     from harness.check.probes import judge_probe
     from harness.records import ProbeRule
     from harness.report.summary import probe_cause
@@ -53,7 +56,13 @@ def _show_real_validation(run: RunDir) -> None:
     topos = [Topology.parse(t) for t in VALIDATION_SHOWCASE]
     print(f"\n== megatron-core validate_sharding_integrity, real, on {PROBE_WORLD} gloo ranks "
           "(per-expert amax built as modelopt 0.47.0 does / as the fix does)")
-    real = probe_oracle_world(topos, PROBE_WORLD, 8, run.probe(f"oracle-w{PROBE_WORLD}"))
+    try:
+        real = probe_oracle_world(topos, PROBE_WORLD, 8, run.probe(f"oracle-w{PROBE_WORLD}"))
+    except RuntimeError as exc:  # the probe failed or was stopped: one line, not a traceback
+        if shutdown_signal():
+            return None
+        print(f"   error: {exc}")
+        return False
     records = [judge_probe(t.id, rule, PROBE_WORLD, real[t.id][rule])
                for t in topos for rule in (ProbeRule.BUGGY, ProbeRule.FIXED)]
     write_probes(records, run)
@@ -63,6 +72,7 @@ def _show_real_validation(run: RunDir) -> None:
               f"{r.outcome}: {probe_cause(r)}")
     agree = not any(r.outcome in UNEXPECTED_OUTCOMES for r in records)
     print(f"   oracle agrees with the real validation on all {len(topos)} topologies: {agree}")
+    return agree
 
 
 def _looks_like_gpu_host() -> bool:
@@ -136,8 +146,9 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
     use_gpu = gpu == "yes" or (gpu == "auto" and gpu_reason is None)
     if gpu == "yes" and gpu_reason:
         _drop_early_run(early)
-        print(f"error: --gpu yes but {gpu_reason}")
+        print(f"error: --gpu yes but {gpu_reason}", file=sys.stderr)
         return 2
+    ok: bool | None = True  # the cpu tier's probe: the oracle agrees with the real validation
     if use_gpu:
         _header(Tier.GPU_SHARED, "CUDA GPU and Transformer Engine found")
         if early is not None:
@@ -150,15 +161,21 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
               "run `make repro` on a GPU host or in the docker image for the TEGroupedMLP path.")
         _show_map()
         run = RunDir.new(results_root, "repro-cpu")
-        _show_real_validation(run)
-        print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
-        doc = run_cells(select_cells(scenarios, CPU_REPRO_CELLS),
-                        results_root, "repro-cpu", jobs=1, run_dir=run)
+        ok = _show_real_validation(run)
+        if ok is None:  # stopped during the probe: its results file, marked as every phase's is
+            doc = collect(run, versions(), tier=Tier.CPU, interrupted=shutdown_signal())
+            print(f"results: {run.results}")
+        else:
+            print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
+            doc = run_cells(select_cells(scenarios, CPU_REPRO_CELLS),
+                            results_root, "repro-cpu", jobs=1, run_dir=run)
     if doc.get("incomplete"):
         print(f"\nrepro interrupted ({doc['interrupted_by']}) after {time.monotonic() - start:.0f} s")
-    else:
-        _what_it_means(doc, results_root, use_gpu)
-        print(f"\nrepro finished in {time.monotonic() - start:.0f} s")
+        return exit_code(doc)
+    if not ok:
+        return 1
+    _what_it_means(doc, results_root, use_gpu)
+    print(f"\nrepro finished in {time.monotonic() - start:.0f} s")
     return exit_code(doc)
 
 

@@ -270,6 +270,28 @@ def report_errors(errors: list[ScenarioError], stream=None) -> None:
             print(f"scenario file skipped: {exc}", file=stream or sys.stderr)
 
 
+def scenario_name(asked: str, good: list[Scenario], bad: list[ScenarioError]) -> str:
+    """The scenario ``--scenario asked`` names: a scenario's name, or the path of its file in
+    the scenario directory (``scenarios/cpu_reshard.toml``); else ScenarioError, one line with
+    the known names and the closest one. A bad file's name is returned: its own line says why."""
+    import difflib
+
+    names = {s.name: Path(s.source) for s in good} | {e.name: e.path for e in bad if e.name}
+    if asked in names:
+        return asked
+    path = Path(asked)
+    for name, source in names.items():
+        if source is not None and path.suffix == ".toml" and path.is_file() \
+                and path.resolve() == Path(source).resolve():
+            return name
+    stems = {Path(p).stem: n for n, p in names.items() if p is not None}
+    close = difflib.get_close_matches(path.stem if path.suffix else asked, [*names, *stems], n=1)
+    hint = f"did you mean {stems.get(close[0], close[0])!r}? " if close else ""
+    what = "not a scenario file" if path.suffix == ".toml" and path.is_file() else "no such scenario"
+    raise ScenarioError(f"--scenario {asked!r}: {what} ({hint}known: {', '.join(sorted(names))}; "
+                        "or the path of one of their files)")
+
+
 def as_nccl_shared(s: Scenario) -> Scenario | str:
     """``s`` run as tier gpu with NCCL ranks sharing GPUs (``run --nccl-shared-gpu``), keeping its
     name so its cells compare one for one with the gloo run of the same scenario; or why not."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -127,10 +127,24 @@ def _loc(loc: tuple) -> str:
     return out or "(top level)"
 
 
+def _table_schema(annotation) -> type[BaseModel] | None:
+    """The table schema inside a field's type (``T``, ``Optional[T]``, ``list[T]``), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_table_schema, get_args(annotation))), None)
+
+
 def _keys_at(loc: tuple, top: type[BaseModel]) -> list[str]:
-    """The keys allowed in the table at ``loc`` (for 'did you mean')."""
-    schema = {"known_gaps": _KnownGapSchema, "model": _SizeSchema}.get(loc[0]) if loc else None
-    return list((schema or top).model_fields)
+    """The keys allowed in the table at ``loc`` (for 'did you mean'): the schema met walking
+    ``loc`` down from ``top``."""
+    schema = top
+    for part in (p for p in loc if not isinstance(p, int)):
+        field = schema.model_fields.get(part)
+        sub = _table_schema(field.annotation) if field else None
+        if sub is None:
+            break
+        schema = sub
+    return list(schema.model_fields)
 
 
 def _shown(value) -> str:
@@ -167,4 +181,6 @@ def _explain(err: dict, top: type[BaseModel] = _ScenarioSchema) -> str:
         return f"{where}: must be a finite number, got {_shown(value)}"
     if kind in ("too_short", "too_long") and loc[0] == "pairs":
         return f"{where}: expected [save, load], got {_shown(value)}"
+    if kind == "too_short":
+        return f"{where}: must hold at least {ctx.get('min_length')} item(s)"
     return f"{where}: {err.get('msg', kind)} (got {_shown(value)})"

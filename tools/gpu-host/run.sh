@@ -77,6 +77,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 R=results
 PWD_ROOT=$PWD
 H="python3 -m harness --results-root $R"
+# yes/no switches, each NAME=its default: the words of harness/switches.py (1/true/yes,
+# 0/false/no), read as 1 or 0 below; any other word stops run.sh here in one line (exit 2)
+for s in SAMPLE_CONCURRENT=off RECIPE_PRECOMPILE=on WARM=on PROBE_CHECKPOINT=on; do
+  v=$(python3 -m harness.switches "${s%=*}" "${s#*=}") || exit 2
+  export "${s%=*}=$v"
+done
 # GPU memory in use (all processes, CUDA contexts included), once a second, for the whole call
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 > "$OUT/gpu-memory-$1.csv" 2>/dev/null &
 SMI=$!
