@@ -69,6 +69,8 @@ EXIT_CODES = {
     "repair": [("0", "written and verified, the dry run printed, or nothing to repair (no DST)"),
                ("1", "the repair failed; DST not written"), ("2", "bad input, or a DST problem"),
                ("3", "SRC damaged")],
+    "evidence": [("0", "written, or with --check: the committed page and README are up to date"),
+                 ("1", "with --check: they differ from what the records give now"), _USAGE],
     "golden": [("0", "done"), ("2", "a bad golden, manifest or option (one line names it)")],
     "matrix": [("0", "every pair ran, each cell as its pair's rule says"),
                ("1", "a pair that cannot run, or a cell failed, unexpected or without a rule"),
@@ -97,38 +99,32 @@ def bounded_int(low: int, high: int):
     return parse
 
 
-<<<<<<< HEAD
 def _add_gate_pair_args(v: argparse.ArgumentParser) -> None:
     """``verdict --job ID --gate --modelopt V [--mcore V]``: the gate finds the committed records
-    of that pair by itself (harness/report/records_index.py); the gate's exit codes in --help."""
+    of that pair by itself (harness/report/records_index.py)."""
     from harness.check.versions import REFERENCE_MCORE
-    from harness.report.gate import exit_codes_help
 
     v.add_argument("--modelopt", metavar="V",
                    help="with --gate: judge every committed record (tests/data/runs/) of "
                         "nvidia-modelopt V, instead of --results")
     v.add_argument("--mcore", metavar="V",
                    help=f"with --modelopt: the megatron-core the job runs (default {REFERENCE_MCORE})")
-    v.formatter_class = argparse.RawDescriptionHelpFormatter
-    v.epilog = exit_codes_help()
 
 
 def _add_evidence_command(sub) -> None:
     """``python -m harness evidence``: docs/evidence.md and the README's generated tables from
     the committed records (harness/report/evidence.py)."""
     e = sub.add_parser("evidence", help="write docs/evidence.md and the README's verdict tables "
-                                        "from the committed records, judged again by today's rules")
+                                        "from the committed records, judged again by today's rules",
+                       **_exits("evidence"))
     e.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 when the committed page or README differ from "
                         "what the records give now")
     e.set_defaults(fn=commands.cmd_evidence)
 
 
-def main(argv: list[str] | None = None) -> int:
-=======
 def parser() -> argparse.ArgumentParser:
     """Every command, its options and its exit codes (each --help's epilog)."""
->>>>>>> issue53-cli
     from harness.tiers import STAGE_MODES
 
     p = argparse.ArgumentParser(prog="python -m harness", description=DESCRIPTION,

@@ -44,12 +44,6 @@ class GateUsage(ValueError):
     """The gate was asked something it cannot answer; the message is one line."""
 
 
-def exit_codes_help() -> str:
-    """The exit codes, for ``verdict --help``."""
-    return "\n".join(["exit codes with --gate:", *(f"  {code}  {what}" for code, what in EXIT_CODES),
-                      "without --gate: 0, or 1 when a job is UNEXPECTED FAILURE; 2 usage"])
-
-
 def exit_code(word: str, patched: bool) -> int:
     if word == vd.SAFE or (word == vd.SAFE_WITH_PATCH and patched):
         return EXIT_PASS
