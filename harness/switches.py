@@ -2,9 +2,8 @@
 
 Why: a switch that reads any other word as "off" flips silently on a typo (``GATE_PATCHED=yes``
 once meant unpatched). Every switch takes the words ``MOE_CKPT_FIX`` takes and refuses any other
-value in one line naming the variable and the words. harness/fix/autoload/sitecustomize.py keeps
-its own copy of the words (harness/fix imports nothing else of the harness);
-tests/test_bad_inputs_cli.py keeps the two equal.
+value in one line naming the variable and the words, which live with the fix's own switch
+(moe_ckpt_fix/autoload.py: the fix imports nothing of the harness, so the harness imports them).
 
 Shell scripts ask here too: ``python -m harness.switches NAME [on|off]`` prints 1 or 0, or the
 refusal on stderr with exit 2.
@@ -15,8 +14,7 @@ import os
 import sys
 from typing import Mapping
 
-ON = ("1", "true", "yes")
-OFF = ("0", "false", "no")  # unset or empty: the switch's default
+from moe_ckpt_fix.autoload import OFF, ON  # unset or empty: the switch's default
 EXIT_BAD_VALUE = 2
 
 

@@ -29,8 +29,10 @@ import sys
 
 _TRIGGER = "modelopt.torch"
 VAR = "MOE_CKPT_FIX"
-_ON = ("1", "true", "yes")
-_OFF = ("", "0", "false", "no")
+# The words of a yes/no switch, case-insensitive (every switch of the harness takes these:
+# harness/switches.py imports them); unset or empty is off.
+ON = ("1", "true", "yes")
+OFF = ("0", "false", "no")
 EXIT_BAD_VALUE = 2
 EXIT_REFUSED = 3
 
@@ -50,13 +52,13 @@ def switch() -> bool:
     """Whether ``MOE_CKPT_FIX`` asks for the fix; any value outside the accepted ones stops."""
     raw = os.environ.get(VAR, "")
     value = raw.strip().lower()
-    if value in _ON:
+    if value in ON:
         return True
-    if value in _OFF:
+    if not value or value in OFF:
         return False
     _stop(EXIT_BAD_VALUE,
-          f"[{VAR}] refusing {VAR}={raw!r}: accepted values are {'/'.join(_ON)} (apply the fix) "
-          f"or unset/empty/{'/'.join(_OFF[1:])} (do not), case-insensitive")
+          f"[{VAR}] refusing {VAR}={raw!r}: accepted values are {'/'.join(ON)} (apply the fix) "
+          f"or unset/empty/{'/'.join(OFF)} (do not), case-insensitive")
 
 
 def _apply_fix():

@@ -7,7 +7,6 @@ ends in a traceback, costs a job owner a night of GPU time or a wrong gate.
 """
 from __future__ import annotations
 
-import ast
 import os
 import shutil
 import sys
@@ -45,19 +44,11 @@ def _one_error_line(done, *words: str) -> str:
 
 # --- yes/no switches: one set of words (harness/switches.py), anything else refused ------------
 
-def _fix_words() -> tuple[set, set]:
-    """The words harness/fix/autoload/sitecustomize.py accepts, read from its source: importing
-    it would run it (it arms the fix)."""
-    tree = ast.parse((REPO_ROOT / "harness" / "fix" / "autoload" / "sitecustomize.py").read_text())
-    consts = {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-              for t in node.targets if isinstance(t, ast.Name) and t.id in ("_ON", "_OFF")}
-    return set(consts["_ON"]), set(consts["_OFF"])
-
-
 def test_every_switch_takes_moe_ckpt_fix_words():
-    on, off = _fix_words()
-    assert set(switches.ON) == on
-    assert set(switches.OFF) | {""} == off  # empty: the default, which is off for MOE_CKPT_FIX
+    from moe_ckpt_fix import autoload
+
+    assert (switches.ON, switches.OFF) == (autoload.ON, autoload.OFF) == (("1", "true", "yes"),
+                                                                          ("0", "false", "no"))
 
 
 @pytest.mark.parametrize("raw, on", [("1", True), ("YES", True), (" true ", True), ("no", False),
@@ -201,12 +192,12 @@ def test_ctrl_c_during_the_repro_probe_leaves_its_results_marked_interrupted(tmp
     assert proc.returncode == 130, out
     assert "Traceback" not in out and "partial results.json" in out, out
     assert stage_processes(tmp_path) == [], "probe ranks outlived the controller"
-    (probe,) = tmp_path.glob("*-repro-probe")
-    doc = json.loads((probe / "results.json").read_text())
+    (run,) = tmp_path.glob("*-repro-cpu")  # the probe runs first in the cpu repro's run
+    doc = json.loads((run / "results.json").read_text())
     assert doc["incomplete"] is True and doc["interrupted_by"] == "SIGINT", doc
-    assert f"results: {probe / 'results.json'}" in out
+    assert f"results: {run / 'results.json'}" in out
     assert "repro interrupted (SIGINT)" in out
-    assert not list(tmp_path.glob("*-repro-cpu")), "the grid phase started after the signal"
+    assert not (run / "cells").exists(), "the grid phase started after the signal"
 
 
 # --- a file: recipe that ModelOpt's loader cannot read stops at collection ----------------------

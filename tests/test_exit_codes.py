@@ -82,16 +82,18 @@ def _results_without_evidence(tmp_path):
     return tmp_path / "results"
 
 
-@pytest.mark.parametrize("target, script, lines", [("verdict", "tools/verdict.sh", 1),
-                                                   ("gate", "tools/unquarantine-gate.sh", 4)])
-def test_no_evidence_exits_4_through_the_script_and_fails_make(tmp_path, target, script, lines):
-    """NO EVIDENCE is 4 for the plain verdict as for the gate (the verdict exited 0); make fails
-    with GNU make's own 2 for any failed recipe, its "Error 4" line naming the code."""
+@pytest.mark.parametrize("target, script, lines, word", [
+    ("verdict", "tools/verdict.sh", 1, "NO EVIDENCE"),
+    ("gate", "tools/unquarantine-gate.sh", 4, "INCOMPLETE -> exit 4")])
+def test_no_evidence_exits_4_through_the_script_and_fails_make(tmp_path, target, script, lines, word):
+    """Nothing decides: 4 for the plain verdict (NO EVIDENCE; it exited 0) as for the gate (whose
+    line names what would decide); make fails with GNU make's own 2 for any failed recipe, its
+    "Error 4" line naming the code."""
     results = _results_without_evidence(tmp_path)
     env = {**os.environ, "PY": sys.executable, "RESULTS": str(results)}
     done = bounded(["bash", script], 300, cwd=REPO, env=env)
     assert done.returncode == 4, done.stdout + done.stderr
-    assert done.stdout.count("NO EVIDENCE") == max(1, lines // 2), done.stdout  # one per job
+    assert done.stdout.count(word) == max(1, lines // 2), done.stdout  # one per job
     assert len(done.stdout.splitlines()) == lines, done.stdout  # the gate: a header per job too
     made = bounded(["make", "-s", target, f"PY={sys.executable}", f"RESULTS={results}"], 300,
                    cwd=REPO)

@@ -169,7 +169,7 @@ def test_help_documents_the_exit_codes():
     r = bounded([sys.executable, "-W", "ignore", "-m", "harness", "verdict", "--help"], 300,
                 cwd=REPO_ROOT)
     assert r.returncode == 0
-    codes = r.stdout.split("exit codes with --gate:", 1)[1].splitlines()
+    codes = r.stdout.split("exit codes:", 1)[1].splitlines()
     for code, word in ((0, "SAFE"), (1, "UNEXPECTED FAILURE"), (2, "usage"), (3, "BLOCKED"),
                        (4, "nothing decides")):
         assert any(line.strip().startswith(f"{code} ") and word in line for line in codes), r.stdout
