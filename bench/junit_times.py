@@ -54,9 +54,13 @@ def test_key(case: ET.Element) -> str:
 
 
 def write_durations(cases: list[ET.Element], path: Path, floor_s: float = 1.0) -> int:
+    """This run's passed tests of ``floor_s`` and more into ``path``; the tests the file already
+    has and this run did not pass keep their seconds (a `make test-gpu` run's JUnit adds the GPU
+    cells beside the cpu suite's, and a narrowed run forgets nothing)."""
     times = {test_key(c): round(float(c.get("time") or 0), 1) for c in cases
              if outcome(c) == "passed" and float(c.get("time") or 0) >= floor_s}
-    path.write_text(json.dumps(dict(sorted(times.items())), indent=0) + "\n")
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps(dict(sorted({**kept, **times}.items())), indent=0) + "\n")
     return len(times)
 
 
