@@ -175,8 +175,12 @@ class CellRecord:
     # axis, when every run used the default (``recipe_ref``), and not written then, so such a
     # record re-judges to the same bytes.
     recipe: str | None = None
-    # The amax kinds its save's calibration made, per module family (harness/model/quant.py).
+    # The amax kinds its save's calibration made, per module family (harness/model/quant.py):
+    # what the cell is judged by once its save ran.
     amax_kinds: dict | None = None
+    # Where those differ from the recipe's forecast (harness/check/recipes.py), one line; the
+    # cell is judged by what the save recorded all the same. None: they agree, or no forecast.
+    forecast_disagreement: str | None = None
     # Tier gpu with NCCL ranks sharing GPUs (a scenario's shared_gpu_nccl): how it ran, in words.
     nccl_mode: str | None = None
     # Whether a stage of the cell ran past its limit (StageResult.timed_out, noted by
@@ -197,7 +201,7 @@ class CellRecord:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out", "evidence"):  # fields younger than most committed runs
+        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out", "evidence", "forecast_disagreement"):  # fields younger than most committed runs
             if out[late] is None:
                 del out[late]
         return out

@@ -231,7 +231,18 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
             )
             + " |"
         )
-    return "\n".join(lines + _probe_lines(run.probes) + _topology_lines(order)) + "\n"
+    return "\n".join(lines + _probe_lines(run.probes) + _topology_lines(order)
+                     + _disagreement_lines(order)) + "\n"
+
+
+def _disagreement_lines(cells: list[CellRecord]) -> list[str]:
+    """Cells whose save recorded other amax kinds than the recipe's forecast: judged by what was
+    recorded, and said here so the forecast (harness/check/recipes.py) gets corrected."""
+    off = [r for r in cells if r.forecast_disagreement]
+    if not off:
+        return []
+    return ["", f"Forecast disagreements (judged by the kinds the save recorded): {len(off)}", "",
+            *(f"- {_md(r.cell_id)}: {_md(r.forecast_disagreement)}" for r in off)]
 
 
 def _topology_lines(cells: list[CellRecord]) -> list[str]:

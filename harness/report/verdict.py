@@ -83,15 +83,6 @@ class Verdict:
 Record = CellRecord | Mapping[str, Any]  # a results.json cell, read by CellRecord.of
 
 
-def expected_for(cell: Cell, rec: Record) -> str:
-    """The cell's expectation under the (modelopt, megatron-core) pair that produced ``rec``;
-    records from before pairs were recorded ran on the reference megatron-core."""
-    from harness.check.versions import rules_for
-
-    rec = with_pair(rec)
-    return cell.expected_under(rules_for(rec.modelopt, rec.mcore))
-
-
 def with_pair(rec: Record) -> CellRecord:
     """``rec`` naming its (modelopt, megatron-core) pair. A record that names no modelopt
     predates per-cell versions (2026-12-02): every such run had the then-pinned pair, 0.47.0 +
@@ -111,16 +102,12 @@ def pair_of(rec: Record) -> str:
     return f"{rec.modelopt} + mcore {rec.mcore or REFERENCE_MCORE}"
 
 
-def _note(cell: Cell, rec: CellRecord | None) -> str:
+def _note(rec: CellRecord | None) -> str:
+    """What a reader needs of a re-judged record: its cause, its notice, and where the save's
+    kinds disagreed with the recipe's forecast."""
     if rec is None:
         return ""
-    parts = [cause(rec)] if cause(rec) else []
-    if rec.notice:
-        parts.append(rec.notice)
-    now = expected_for(cell, rec)
-    if rec.expected and rec.expected != now:
-        parts.append(f"recorded expecting {rec.expected}; the grid now expects {now}")
-    return "; ".join(parts)
+    return "; ".join(x for x in (cause(rec), rec.notice, rec.forecast_disagreement) if x)
 
 
 def rejudged(cell: Cell, rec: Record | None) -> tuple[CellRecord | None, str]:
@@ -134,10 +121,13 @@ def rejudged(cell: Cell, rec: Record | None) -> tuple[CellRecord | None, str]:
     if rec.outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED):
         return rec, ""
     new = CellRecord.from_json(rejudge_record(with_pair(rec), cell.plan))
-    if new.outcome == rec.outcome:
-        return new, ""
-    return new, (f"recorded as {rec.outcome}; re-judged {new.outcome} under the current rules: "
-                 f"{change_reason(rec, new)}")
+    parts = []
+    if new.outcome != rec.outcome:
+        parts.append(f"recorded as {rec.outcome}; re-judged {new.outcome} under the current rules: "
+                     f"{change_reason(rec, new)}")
+    elif rec.expected and rec.expected != new.expected:
+        parts.append(f"recorded expecting {rec.expected}; the grid now expects {new.expected}")
+    return new, "; ".join(parts)
 
 
 def change_reason(old: Record, new: Record) -> str:
@@ -177,7 +167,7 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
             rec, notes[c.id] = rejudged(c, None if c.id in stopped else records.get(c.id))
             rows.append((c, role, rec))
     evidence = [Evidence(c.id, role, r.outcome if r else Outcome.INTERRUPTED if c.id in stopped else MISSING,
-                         "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
+                         "; ".join(x for x in (notes[c.id], _note(r)) if x))
                 for c, role, r in rows]
     tier = (witness or fix)[0].scenario.tier
     v = lambda word, detail: Verdict(job, word, detail, tier, evidence)  # noqa: E731
@@ -194,8 +184,8 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     unruled = [e.cell_id for e in evidence if e.outcome == Outcome.RULE_UNKNOWN]
     if unruled:
         first = next(r for _, _, r in rows if r and r.outcome == Outcome.RULE_UNKNOWN)
-        why = (first.notice or "").strip() or (f"no rule for the pair {pair_of(first)} "
-                                                "(harness/check/versions.py)")
+        why = f"under {pair_of(first)}: " + ((first.notice or "").strip()
+                                             or "no rule for the pair (harness/check/versions.py)")
         return v(NO_RULE, f"{len(unruled)} evidence cell(s) ran without a prediction "
                           f"({', '.join(unruled)}): {why}")
     present = [r for _, _, r in rows if r]
