@@ -15,7 +15,7 @@ from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 
 # --help's text, as it always read
-DESCRIPTION = """``python -m harness <command>``: the one entry point (map, run, sample, repro, dump-metadata,
+DESCRIPTION = """``python -m harness <command>``: the one entry point (map, recipes, run, sample, repro, dump-metadata,
 verdict, report, inspect, repair, matrix, golden). Rank programs (harness/rank/) are internal modules."""
 
 
@@ -54,6 +54,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="largest world size (1..64; the map grows fast with it)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(fn=commands.cmd_map)
+
+    rc = sub.add_parser("recipes", help="every recipe the installed ModelOpt ships that quantizes "
+                                        "MoE expert weights: forecast amax kinds per family, or "
+                                        "ModelOpt's refusal")
+    rc.add_argument("recipe", nargs="*", help="only these references (mtq:NAME, modelopt:PATH, "
+                                              "file:PATH); default: the whole library")
+    rc.add_argument("--json", action="store_true")
+    rc.set_defaults(fn=commands.cmd_recipes)
 
     r = sub.add_parser("run", help="run scenario cells and print the table")
     r.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable)")

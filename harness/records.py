@@ -32,6 +32,9 @@ class Outcome(StrEnum):
     # A refusal the rule predicts that is NOT the collision (docs/findings.md, "Static NVFP4
     # amax at another expert TP"): a limitation of the product, confirmed where predicted.
     KNOWN_REFUSAL = "known-refusal"
+    # ModelOpt refuses to quantize this model with this recipe (its exception, raised from its own
+    # code inside mtq.quantize, in the record): nothing about checkpoints can be learnt from it.
+    NOT_QUANTIZABLE = "not-quantizable"
 
 
 class Expected(StrEnum):

@@ -9,8 +9,6 @@ linears with megatron-core's own replica ids), never from a run of the harness.
 """
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from harness.check import decision as decision_module
@@ -19,6 +17,7 @@ from harness.check.rejudge import rejudge_record
 from harness.check.recipes import ULTRA_4O6
 from harness.records import CauseKind, CellRecord, StageCause, StageResult
 from harness.scenario.scenarios import load_scenario
+from tests.helpers import own_recipe_job
 
 pytestmark = pytest.mark.cpu
 
@@ -144,50 +143,24 @@ def test_a_job_with_its_own_recipe_file_gets_a_verdict(tmp_path):
     """`verdict --quarantine FILE` on a job whose recipe is a file: its witness reproduces the
     collision at the job's shapes (0.47.0, TP 2 > ETP 1), so the job is BLOCKED, not RULE UNKNOWN."""
     from harness.report import verdict
-    from harness.report.jobs import load_quarantine
 
-    loads = ["tp2-etp1-ep4", "tp1-etp1-ep2"]
-    for name, patch in (("mine-witness", "none"), ("mine-fix", "fix")):
-        (tmp_path / f"{name}.toml").write_text(
-            HEAD + f'name = "{name}"\npatch = "{patch}"\nrecipe = "{MINE}"\n'
-            f'saves = ["tp1-etp1-ep4"]\nloads = {loads!r}\n'.replace("'", '"'))
-    scenarios = [load_scenario(tmp_path / f"{n}.toml") for n in ("mine-witness", "mine-fix")]
-    (tmp_path / "q.toml").write_text(textwrap.dedent(f"""\
-        [[jobs]]
-        id = "mine"
-        name = "a job with its own recipe"
-        pipeline = "p"
-        issue = "i"
-        review_by = "2027-01-01"
-        failing_stage = "load"
-        production_save = "tp1-etp1-ep4"
-        production_load = "tp2-etp1-ep4"
-        save = "tp1-etp1-ep4"
-        load = "tp2-etp1-ep4"
-        [jobs.profile]
-        recipe = "{MINE}"
-        modules = "routed experts"
-        witness_scenario = "mine-witness"
-        fix_scenario = "mine-fix"
-        loads = {loads!r}
-        """).replace("'", '"'))
-    witness = {c.id: c for c in scenarios[0].cells()}
+    quarantine, scenarios = own_recipe_job(tmp_path, MINE, "tp1-etp1-ep4", ["tp2-etp1-ep4", "tp1-etp1-ep2"])
     base = dict(tier="gpu-shared", backend="te", patch="none", modelopt="0.47.0", mcore="0.19.2",
                 recipe=MINE, amax_kinds=STATIC, save_topology="tp1-etp1-ep4-pp1")
     verify = {"mismatch_count": 0, "keys_compared": 40, "missing_keys": []}
     records = {}
-    for cid, c in witness.items():
+    for c in scenarios[0].cells():
         if c.load is None:
-            records[cid] = {**base, "cell_id": cid, "outcome": "pass", "expected": "pass"}
+            records[c.id] = {**base, "cell_id": c.id, "outcome": "pass", "expected": "pass"}
         elif c.load.tp == 2:
-            records[cid] = {**base, "cell_id": cid, "load_topology": c.load.id, "outcome": "rule-unknown",
-                            "expected": "rule-unknown", "failed_stage": "load",
-                            "exception_type": "CheckpointingException", "failing_key": GLOBAL_KEY,
-                            "message": f"Invalid access pattern for ShardedTensor(key='{GLOBAL_KEY}')"}
+            records[c.id] = {**base, "cell_id": c.id, "load_topology": c.load.id, "outcome": "rule-unknown",
+                             "expected": "rule-unknown", "failed_stage": "load",
+                             "exception_type": "CheckpointingException", "failing_key": GLOBAL_KEY,
+                             "message": f"Invalid access pattern for ShardedTensor(key='{GLOBAL_KEY}')"}
         else:
-            records[cid] = {**base, "cell_id": cid, "load_topology": c.load.id, "outcome": "rule-unknown",
-                            "expected": "rule-unknown", "verify": verify}
-    (v,) = verdict.judge_records(records, load_quarantine(tmp_path / "q.toml"), scenarios)
+            records[c.id] = {**base, "cell_id": c.id, "load_topology": c.load.id, "outcome": "rule-unknown",
+                             "expected": "rule-unknown", "verify": verify}
+    (v,) = verdict.judge_records(records, quarantine, scenarios)
     assert v.word == verdict.BLOCKED, (v.word, v.detail)
     outcomes = {e.cell_id: e.outcome for e in v.evidence if e.role == verdict.Role.WITNESS}
     assert sorted(outcomes.values()) == ["bug-reproduced", "pass", "pass"]

@@ -8,20 +8,14 @@ harness.
 """
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 
 from harness.check.recipes import (KNOWN_RECIPES, STATIC_BLOCK, SUPER_MSE, ULTRA_4O6, disagreement,
                                    forecast, recipe_facts)
 from harness.check.versions import rules_for
-from harness.launch.nodes import rendezvous_port
 from harness.model.recipes import DEFAULT_RECIPE, Recipe, RecipeError
-from harness.paths import REPO_ROOT
 from harness.records import Expected
 from harness.scenario.scenarios import ScenarioError, load_all_with_errors, load_scenario
-from tests.helpers import bounded
 
 pytestmark = pytest.mark.cpu
 
@@ -126,27 +120,23 @@ def test_the_forecast_is_checked_against_what_the_save_recorded():
 
 
 @pytest.fixture(scope="module")
-def modelopt_kinds():
-    """What ModelOpt's own config matching makes of each known recipe on the cpu tier's model."""
-    import os
+def surveyed():
+    """What the recipe survey (ModelOpt's own config matching and calibration, in a process of
+    its own: harness/rank/recipe_survey.py) makes of each known recipe on the cpu tier's model."""
+    from harness.run.recipes import survey
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous_port()),
-           "PYTHONPATH": str(REPO_ROOT)}
-    got = bounded([sys.executable, "-m", "tests.rank_programs.recipe_kinds", *KNOWN_RECIPES],
-                  timeout=240, cwd=REPO_ROOT, env=env)
-    line = next((l for l in got.stdout.splitlines() if l.startswith("RECIPE_KINDS ")), None)
-    assert got.returncode == 0 and line, got.stderr[-3000:]
-    return json.loads(line.split(" ", 1)[1])
+    return {r["recipe"]: r for r in survey(sorted(KNOWN_RECIPES), timeout_s=600)["rows"]}
 
 
 @pytest.mark.parametrize("ref", sorted(KNOWN_RECIPES))
-def test_the_catalogue_says_what_modelopt_configures(modelopt_kinds, ref):
-    """Every module family the plain GPT has (experts, attention) gets the kind the catalogue
-    lists for it, or none when the catalogue leaves the family unquantized."""
+def test_the_catalogue_says_what_modelopt_configures(surveyed, ref):
+    """Every module family the survey model has (routed and shared experts, attention) gets the
+    kind the catalogue forecasts for it, or none when the catalogue leaves it unquantized."""
     facts = KNOWN_RECIPES[ref]
-    for family, kinds in modelopt_kinds[ref].items():
+    forecast_kinds = surveyed[ref]["forecast"]
+    for family, kinds in forecast_kinds.items():
         assert kinds == [facts.kinds.get(family)], (ref, family, kinds, facts.kinds)
-    assert "experts" in modelopt_kinds[ref], f"{ref} quantizes no expert weight here"
+    assert "experts" in forecast_kinds, f"{ref} quantizes no expert weight here"
 
 
 def test_the_recorded_refusal_is_judged_a_known_refusal_not_the_bug():

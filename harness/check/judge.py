@@ -49,6 +49,8 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
             rec.outcome, rec.reason = Outcome.SKIPPED, d.skip or "not run"
     elif save.interrupted:
         interrupted(rec, save, save.interrupted)
+    elif is_not_quantizable(save.cause):
+        not_quantizable(rec, save)
     elif cell.load is None:
         save_only(rec, save, cell.save, d)
     elif not save.ok:
@@ -154,10 +156,29 @@ def is_shape_refusal(cause: StageCause | None) -> bool:
 
 def settle_unknown(rec: CellRecord) -> None:
     """A pair with no rule predicts nothing: its cell is ``rule-unknown``, whatever ran (kept in
-    the record), never judged by another pair's rule."""
-    if rec.expected == Expected.RULE_UNKNOWN and rec.outcome not in (Outcome.SKIPPED, Outcome.INTERRUPTED):
+    the record), never judged by another pair's rule. A recipe ModelOpt refuses is not a
+    checkpoint's answer either way: it stays ``not-quantizable``."""
+    if rec.expected == Expected.RULE_UNKNOWN and rec.outcome not in (
+            Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.NOT_QUANTIZABLE):
         ran = f"{rec.outcome}: {rec.reason or rec.message or ''}".strip(": ")
         rec.outcome, rec.reason = Outcome.RULE_UNKNOWN, f"{rec.notice} (ran: {ran[:300]})"
+
+
+# harness/model/quant.py NotQuantizable: ModelOpt's own exception inside mtq.quantize.
+NOT_QUANTIZABLE_EXCEPTION = "NotQuantizable"
+
+
+def is_not_quantizable(cause: StageCause | None) -> bool:
+    return bool(cause and (cause.exc_type or "").endswith(NOT_QUANTIZABLE_EXCEPTION))
+
+
+def not_quantizable(rec: CellRecord, save: StageResult) -> None:
+    """ModelOpt refused to quantize the model with the recipe in the save stage: the cell (and
+    every load of that save) is ``not-quantizable``, carrying ModelOpt's exception."""
+    fill_failure(rec, save)
+    rec.outcome = Outcome.NOT_QUANTIZABLE
+    rec.reason = (f"ModelOpt {rec.modelopt} refuses to quantize this model with recipe "
+                  f"{rec.recipe_ref}: {(save.cause.message if save.cause else '')[:300]}")
 
 
 def interrupted(rec: CellRecord, stage: StageResult | None, signal: str) -> None:

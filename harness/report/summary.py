@@ -30,6 +30,7 @@ CATEGORIES = (
     ((Outcome.INTERRUPTED,), "interrupted (run stopped, not a result)", "INTR", "#9467bd"),
     ((Outcome.BUG_REPRODUCED,), "bug reproduced as expected", "BUG", "#ff9f1c"),
     ((Outcome.KNOWN_REFUSAL,), "known refusal, not the collision (docs/findings.md)", "REFUSED", "#e6c229"),
+    ((Outcome.NOT_QUANTIZABLE,), "not quantizable: ModelOpt refuses the recipe on this model", "NO QUANT", "#17becf"),
     ((Outcome.SKIPPED,), Outcome.SKIPPED, "SKIP", "#c7c7c7"),
     ((Outcome.PASS,), Outcome.PASS, "PASS", "#2ca02c"),
 )

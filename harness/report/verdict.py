@@ -12,6 +12,8 @@ save -> load cell). Per job and per modelopt version the verdict is one of:
   evidence is at hand.
 - ``INCOMPLETE``: the evidence at hand cannot decide (cells missing); nothing is guessed.
 - ``NO EVIDENCE``: every evidence cell was skipped (a GPU tier on a machine without a GPU).
+- ``NOT QUANTIZABLE``: ModelOpt refuses to quantize the model with the job's recipe (its
+  exception named): no checkpoint was written, so nothing about the bug can be decided.
 - ``UNEXPECTED FAILURE``: an evidence cell failed in a way the grid did not predict; the only
   verdict that makes ``main`` exit non-zero.
 
@@ -42,6 +44,8 @@ from harness.scenario.scenarios import load_all
 SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
 INCOMPLETE, NO_EVIDENCE, UNEXPECTED = "INCOMPLETE", "NO EVIDENCE", "UNEXPECTED FAILURE"
 NO_RULE = "RULE UNKNOWN"  # the (modelopt, megatron-core) pair has no rule: nothing to judge by
+# ModelOpt refuses to quantize the model with the job's recipe: nothing about checkpoints to judge
+NOT_QUANTIZABLE = "NOT QUANTIZABLE"
 UNDECIDED = (INCOMPLETE, NO_EVIDENCE)  # summarised once per job, not once per results file
 MISSING = "missing"  # an evidence cell no results file holds
 NOT_RUN = (MISSING, Outcome.SKIPPED, Outcome.INTERRUPTED)  # evidence that says nothing
@@ -181,6 +185,9 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     bad = [e.cell_id for e in evidence if e.outcome == Outcome.UNEXPECTED_FAILURE]
     if bad:
         return v(UNEXPECTED, f"{len(bad)} evidence cell(s) failed unexpectedly: {', '.join(bad)}")
+    unquantized = [r for _, _, r in rows if r and r.outcome == Outcome.NOT_QUANTIZABLE]
+    if unquantized:
+        return v(NOT_QUANTIZABLE, f"{len(unquantized)} evidence cell(s): {unquantized[0].reason}")
     unruled = [e.cell_id for e in evidence if e.outcome == Outcome.RULE_UNKNOWN]
     if unruled:
         first = next(r for _, _, r in rows if r and r.outcome == Outcome.RULE_UNKNOWN)
