@@ -126,6 +126,9 @@ class StageResult:
     environment: dict = field(default_factory=dict)  # versions the ranks imported
     interrupted: str | None = None  # the signal that stopped the controller during this stage
     started_at: float | None = None  # epoch: the controller started the stage's torchrun / job
+    # A save (or a golden): the quantizer amax keys its checkpoint holds, per module family, those
+    # of MTP layers apart (harness/check/keys.py amax_key_counts); None: not read.
+    amax_keys: dict | None = None
 
     @property
     def rank0(self) -> dict:
@@ -195,6 +198,11 @@ class CellRecord:
     # saved (harness/check/judge.py stage_evidence). An ``unexpected-pass`` needs it. None:
     # recorded before the field.
     evidence: dict | None = None
+    # What model ran: its kind, sizes and the modules that are on (harness/model/gpt.py
+    # ModelSize.record), and the quantizer amax keys its checkpoint holds per module family (MTP
+    # layers' apart). None: recorded before the fields (the verdict names such evidence).
+    model: dict | None = None
+    amax_keys: dict | None = None
 
     @property
     def recipe_ref(self) -> str:
@@ -204,7 +212,8 @@ class CellRecord:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out", "evidence", "forecast_disagreement"):  # fields younger than most committed runs
+        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out", "evidence", "forecast_disagreement",
+                     "model", "amax_keys"):  # fields younger than most committed runs
             if out[late] is None:
                 del out[late]
         return out

@@ -79,6 +79,8 @@ def ran_decision(rec: CellRecord, cell: CellPlan, save: StageResult | None, load
     mcore = env.get("megatron-core") or rec.mcore or installed_mcore()
     if save is not None and save.stage == Stage.SAVE and save.rank0.get("amax_kinds") is not None:
         rec.amax_kinds = save.rank0["amax_kinds"]
+    if save is not None and save.amax_keys is not None:
+        rec.amax_keys = save.amax_keys
     if decision is None or not decision.holds_for(modelopt, mcore, rec.amax_kinds):
         decision = decide(cell, modelopt, mcore, rec.amax_kinds)
     note_decision(rec, decision)

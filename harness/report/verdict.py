@@ -134,6 +134,23 @@ def rejudged(cell: Cell, rec: Record | None) -> tuple[CellRecord | None, str]:
     return new, "; ".join(parts)
 
 
+MODEL_NOT_RECORDED = "its model is not recorded (a record before the field): taken as the profile's"
+
+
+def of_the_profile(cell: Cell, rec: CellRecord | None, note: str) -> tuple[CellRecord | None, str]:
+    """``rec`` when the model it recorded is the one the profile's scenario builds; otherwise no
+    evidence (None), and the note names the difference. A record made before models were
+    recorded is taken as today, and the note says so."""
+    if rec is None or rec.outcome in NOT_RUN:
+        return rec, note
+    if rec.model is None:
+        return rec, "; ".join(x for x in (note, MODEL_NOT_RECORDED) if x)
+    diff = cell.scenario.size.difference(rec.model)
+    if diff is None:
+        return rec, note
+    return None, f"not evidence for this profile: its model differs ({diff})"
+
+
 def change_reason(old: Record, new: Record) -> str:
     """Why re-judging changed a record's outcome, in one line."""
     from harness.check.logits import topology_finding
@@ -169,6 +186,7 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     for role, cells in ((Role.WITNESS, witness), (Role.FIX, fix)):
         for c in cells:
             rec, notes[c.id] = rejudged(c, None if c.id in stopped else records.get(c.id))
+            rec, notes[c.id] = of_the_profile(c, rec, notes[c.id])
             rows.append((c, role, rec))
     evidence = [Evidence(c.id, role, r.outcome if r else Outcome.INTERRUPTED if c.id in stopped else MISSING,
                          "; ".join(x for x in (notes[c.id], _note(r)) if x))

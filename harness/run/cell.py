@@ -22,7 +22,7 @@ from harness.paths import GOLDEN_DIR, RunDir, SaveDir
 from harness.rank.spec import StageSpec
 from harness.records import CellRecord, Stage, StageResult
 from harness.run.results import write_record
-from harness.run.saved import verified_save
+from harness.run.saved import checkpoint_amax_keys, verified_save
 from harness.scenario.cells import Cell
 from harness.tiers import StageMode, facts
 
@@ -105,7 +105,7 @@ def prepare_golden(name: str, save: SaveDir | Path, golden_root: Path = GOLDEN_D
                f"{sum(len(v) for v in layout.missing.values())} expert amax missing; "
                f"expected state {exp.summary()}")
     return StageResult(stage=Stage.GOLDEN, ok=True, wall_s=round(time.monotonic() - start, 2),
-                       summary=summary,
+                       summary=summary, amax_keys=checkpoint_amax_keys(save.ckpt),
                        rank_results={"0": {"layout": layout.as_json(), "expected": exp.summary()}})
 
 
@@ -147,7 +147,7 @@ def new_record(cell: Cell, decision: judge.CellDecision | None = None) -> CellRe
         scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
         save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
         patch=s.patch, expected="", modelopt=installed_modelopt(), stage_mode=stage_mode(s.tier),
-        recipe=s.recipe, timed_out=False,
+        recipe=s.recipe, timed_out=False, model=s.size.record(),
     )
     if s.shared_gpu_nccl:  # said in the record and the report, never a silent stand-in
         from harness.rank.shared_gpu import describe
