@@ -195,3 +195,23 @@ def test_judging_returns_a_new_record(tmp_path):
     before = rec.as_dict()
     new = judge.judge_cell(rec, cell.plan, _save("0.47.0", STATIC), _collision("0.47.0", GLOBAL_KEY))
     assert new is not rec and rec.as_dict() == before and new.outcome == "bug-reproduced"
+
+
+@pytest.mark.parametrize("kinds, keeps", [
+    ({"experts": ["scalar"]}, False),  # 0.47.0's second bug re-calibrates them through expert 0
+    ({"experts": ["static-block"]}, True),  # complete static state: no re-calibration
+    ({"experts": ["per-block"]}, False),  # no rule: no trusted reference
+    ({}, False),
+])
+def test_the_save_trusts_its_reloaded_logits_by_the_kinds_it_made(kinds, keeps):
+    """The save stage's reference logits come from a reload only where the installed pair's rule
+    for the routed experts' recorded kinds keeps their amax (not from the recipe's name)."""
+    from types import SimpleNamespace
+
+    import modelopt
+
+    from harness.rank.stages import _reload_keeps_state
+
+    if modelopt.__version__ != "0.47.0":
+        pytest.skip(f"the expectations are 0.47.0's rules; {modelopt.__version__} is installed")
+    assert _reload_keeps_state(SimpleNamespace(patch="none", backend="te"), kinds) is keeps
