@@ -17,7 +17,7 @@ from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, top
 from harness.check import versions
 from harness.check.plan import CellPlan
 from harness.check.versions import installed_mcore
-from harness.model.recipes import EXPERTS, KIND_TENSORS, SCALAR
+from harness.model.recipes import EXPERTS, KIND_TENSORS, SCALAR, STATIC_BLOCK
 from harness.records import (NAMED_AMAX_STATES, CellRecord, Expected, Outcome, Patch, Stage,
                              StageCause, StageResult)
 
@@ -112,9 +112,11 @@ def expert_tensors(kinds: dict | None) -> tuple[str, ...]:
     return tuple(sorted(names)) or KIND_TENSORS[SCALAR]
 
 
-def is_bug(cause: StageCause | None, behaviour=None, tensors: tuple[str, ...] = ("_amax", "_global_amax")) -> bool:
+def is_bug(cause: StageCause | None, behaviour=None,
+           tensors: tuple[str, ...] = KIND_TENSORS[STATIC_BLOCK]) -> bool:
     """The failure the pair's rule predicts: by default the report's (validation on a per-expert
-    weight-quantizer tensor of the experts' kinds, ``tensors``); a pair that cannot save predicts
+    weight-quantizer tensor of the experts' kinds, ``tensors``: by default either of a static
+    kind's, the widest); a pair that cannot save predicts
     its exception; a pair whose shared expert amax collides predicts that key, and no other."""
     if not cause:
         return False
