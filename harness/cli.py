@@ -18,8 +18,8 @@ from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 
 # --help's text, as it always read
-DESCRIPTION = """``python -m harness <command>``: the one entry point (map, run, sample, repro, dump-metadata,
-verdict, evidence, report, inspect, repair, matrix, golden). Rank programs (harness/rank/) are internal modules."""
+DESCRIPTION = """``python -m harness <command>``: the one entry point (map, recipes, run, sample, repro,
+dump-metadata, verdict, evidence, report, inspect, repair, matrix, golden). Rank programs (harness/rank/) are internal modules."""
 
 
 def _quiet() -> None:
@@ -71,6 +71,7 @@ EXIT_CODES = {
                ("3", "SRC damaged")],
     "evidence": [("0", "written, or with --check: the committed page and README are up to date"),
                  ("1", "with --check: they differ from what the records give now"), _USAGE],
+    "recipes": [("0", "the table printed"), _USAGE],
     "golden": [("0", "done"), ("2", "a bad golden, manifest or option (one line names it)")],
     "matrix": [("0", "every pair ran, each cell as its pair's rule says"),
                ("1", "a pair that cannot run, or a cell failed, unexpected or without a rule"),
@@ -142,6 +143,14 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run scenario cells and print the table", **_exits("run"))
     r.add_argument("--scenario", action="append", default=[],
                    help="scenario name, or the path of its file in scenarios/ (repeatable)")
+    rc = sub.add_parser("recipes", help="every recipe the installed ModelOpt ships that quantizes "
+                                        "MoE expert weights: forecast amax kinds per family, or "
+                                        "ModelOpt's refusal", **_exits("recipes"))
+    rc.add_argument("recipe", nargs="*", help="only these references (mtq:NAME, modelopt:PATH, "
+                                              "file:PATH); default: the whole library")
+    rc.add_argument("--json", action="store_true")
+    rc.set_defaults(fn=commands.cmd_recipes)
+
     r.add_argument("--cells", action="append", default=[],
                    help="glob on cell ids, e.g. '*save=tp4-etp1-ep8*' (repeatable)")
     r.add_argument("--jobs", type=bounded_int(1, 64), default=1,

@@ -21,6 +21,22 @@ def cmd_map(args) -> int:
     return 0
 
 
+def cmd_recipes(args) -> int:
+    """Every recipe the installed ModelOpt ships that quantizes routed-expert weights
+    (harness/rank/recipe_survey.py), as a table (harness/report/recipes.py) or JSON."""
+    from harness.check.versions import behaviour_for, installed_modelopt
+    from harness.report.recipes import table
+    from harness.run.recipes import survey
+
+    try:
+        doc = survey(args.recipe)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(doc, indent=1) if args.json else table(doc, behaviour_for(installed_modelopt())))
+    return 0
+
+
 def cmd_run(args) -> int:
     from harness.run.cells import run_cells, select_cells
     from harness.scenario.scenarios import (ScenarioError, load_all_with_errors, report_errors,

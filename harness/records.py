@@ -32,6 +32,9 @@ class Outcome(StrEnum):
     # A refusal the rule predicts that is NOT the collision (docs/findings.md, "Static NVFP4
     # amax at another expert TP"): a limitation of the product, confirmed where predicted.
     KNOWN_REFUSAL = "known-refusal"
+    # ModelOpt refuses to quantize this model with this recipe (its exception, raised from its own
+    # code inside mtq.quantize, in the record): nothing about checkpoints can be learnt from it.
+    NOT_QUANTIZABLE = "not-quantizable"
 
 
 class Expected(StrEnum):
@@ -123,6 +126,9 @@ class StageResult:
     environment: dict = field(default_factory=dict)  # versions the ranks imported
     interrupted: str | None = None  # the signal that stopped the controller during this stage
     started_at: float | None = None  # epoch: the controller started the stage's torchrun / job
+    # A save (or a golden): the quantizer amax keys its checkpoint holds, per module family, those
+    # of MTP layers apart (harness/check/keys.py amax_key_counts); None: not read.
+    amax_keys: dict | None = None
 
     @property
     def rank0(self) -> dict:
@@ -175,8 +181,12 @@ class CellRecord:
     # axis, when every run used the default (``recipe_ref``), and not written then, so such a
     # record re-judges to the same bytes.
     recipe: str | None = None
-    # The amax kinds its save's calibration made, per module family (harness/model/quant.py).
+    # The amax kinds its save's calibration made, per module family (harness/model/quant.py):
+    # what the cell is judged by once its save ran.
     amax_kinds: dict | None = None
+    # Where those differ from the recipe's forecast (harness/check/recipes.py), one line; the
+    # cell is judged by what the save recorded all the same. None: they agree, or no forecast.
+    forecast_disagreement: str | None = None
     # Tier gpu with NCCL ranks sharing GPUs (a scenario's shared_gpu_nccl): how it ran, in words.
     nccl_mode: str | None = None
     # Whether a stage of the cell ran past its limit (StageResult.timed_out, noted by
@@ -188,6 +198,11 @@ class CellRecord:
     # saved (harness/check/judge.py stage_evidence). An ``unexpected-pass`` needs it. None:
     # recorded before the field.
     evidence: dict | None = None
+    # What model ran: its kind, sizes and the modules that are on (harness/model/gpt.py
+    # ModelSize.record), and the quantizer amax keys its checkpoint holds per module family (MTP
+    # layers' apart). None: recorded before the fields (the verdict names such evidence).
+    model: dict | None = None
+    amax_keys: dict | None = None
 
     @property
     def recipe_ref(self) -> str:
@@ -197,7 +212,8 @@ class CellRecord:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out", "evidence"):  # fields younger than most committed runs
+        for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out", "evidence", "forecast_disagreement",
+                     "model", "amax_keys"):  # fields younger than most committed runs
             if out[late] is None:
                 del out[late]
         return out

@@ -265,3 +265,25 @@ def expected_verdict(raw, job, pair) -> str | None:
     if "bug-reproduced" in w:
         return verdict.BLOCKED
     return None
+
+
+def own_recipe_job(root: Path, recipe: str, save: str, loads: list[str]):
+    """A job owner's profile in files under ``root``: a quarantine file with one job (id
+    ``mine``, reloaded first at ``loads[0]``) whose recipe is ``recipe``, and its witness and fix
+    scenarios (gpu-shared, te) at ``save`` and ``loads``. -> (Quarantine, [witness, fix])."""
+    from harness.report.jobs import load_quarantine
+    from harness.scenario.scenarios import load_scenario
+
+    head = 'tier = "gpu-shared"\nbackend = "te"\nexpect = "oracle"\n'
+    grid = "[" + ", ".join(f'"{t}"' for t in loads) + "]"
+    for name, patch in (("mine-witness", "none"), ("mine-fix", "fix")):
+        (root / f"{name}.toml").write_text(head + f'name = "{name}"\npatch = "{patch}"\n'
+                                           f'recipe = "{recipe}"\nsaves = ["{save}"]\nloads = {grid}\n')
+    (root / "q.toml").write_text(
+        f'[[jobs]]\nid = "mine"\nname = "a job with its own recipe"\npipeline = "p"\nissue = "i"\n'
+        f'review_by = "2027-01-01"\nfailing_stage = "load"\nproduction_save = "{save}"\n'
+        f'production_load = "{loads[0]}"\nsave = "{save}"\nload = "{loads[0]}"\n'
+        f'[jobs.profile]\nrecipe = "{recipe}"\nmodules = "routed experts"\n'
+        f'witness_scenario = "mine-witness"\nfix_scenario = "mine-fix"\nloads = {grid}\n')
+    scenarios = [load_scenario(root / f"{n}.toml") for n in ("mine-witness", "mine-fix")]
+    return load_quarantine(root / "q.toml"), scenarios

@@ -83,8 +83,8 @@ def test_not_restored_counts_only_an_amax_refusal():
                          save_topology=cell.save.id, load_topology=cell.load.id, patch="none",
                          expected="", modelopt="0.47.0", mcore="0.19.2")
         env = {"nvidia-modelopt": "0.47.0", "megatron-core": "0.19.2"}
-        judge.judge_cell(rec, cell.plan, StageResult(stage="save", ok=True, wall_s=0.1, environment=env),
-                         StageResult(stage="load", ok=False, wall_s=1.0, environment=env, cause=cause))
+        rec = judge.judge_cell(rec, cell.plan, StageResult(stage="save", ok=True, wall_s=0.1, environment=env),
+                               StageResult(stage="load", ok=False, wall_s=1.0, environment=env, cause=cause))
         assert (rec.expected, rec.outcome) == ("not-restored", outcome), (cause, rec.reason)
 
 

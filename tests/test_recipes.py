@@ -8,22 +8,18 @@ harness.
 """
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 
-from harness.check.recipes import KNOWN_RECIPES, STATIC_BLOCK, SUPER_MSE, ULTRA_4O6, recipe_facts
+from harness.check.recipes import (KNOWN_RECIPES, STATIC_BLOCK, SUPER_MSE, ULTRA_4O6, disagreement,
+                                   forecast, recipe_facts)
 from harness.check.versions import rules_for
-from harness.launch.nodes import rendezvous_port
 from harness.model.recipes import DEFAULT_RECIPE, Recipe, RecipeError
-from harness.paths import REPO_ROOT
 from harness.records import Expected
 from harness.scenario.scenarios import ScenarioError, load_all_with_errors, load_scenario
-from tests.helpers import bounded
 
 pytestmark = pytest.mark.cpu
 
+MINE_FILE = "file:tests/data/recipes/nvfp4_static_experts.yaml"
 GPU_HEAD = 'tier = "gpu-shared"\nbackend = "te"\nexpect = "oracle"\n'
 
 
@@ -80,7 +76,7 @@ def _cell(tmp_path, recipe, save, load):
 def test_static_blocks_at_another_expert_tp_are_refused(tmp_path, modelopt):
     """The rule read from the sources and checked on the H100 (versions.py _STATIC_CHECKED)."""
     rules = rules_for(modelopt, "0.19.2")
-    assert rules.kind_rule(STATIC_BLOCK).etp_change == Expected.RESHARD_REFUSED
+    assert rules.kind_rule(STATIC_BLOCK).reshard == Expected.RESHARD_REFUSED
     cell = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp2-etp2-ep2")
     assert cell.expected_under(rules) == Expected.RESHARD_REFUSED
     same = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp1-etp1-ep2")
@@ -103,40 +99,44 @@ def test_a_pair_without_a_rule_for_the_kind_predicts_nothing(tmp_path):
     assert cell.expected_under(rules_for("0.47.0", "0.15.3")) == Expected.RULE_UNKNOWN
 
 
-def test_a_user_recipe_file_is_rule_unknown(tmp_path):
-    assert recipe_facts("file:scenarios/mine.yaml") is None
+def test_a_user_recipe_file_has_no_forecast(tmp_path):
+    assert recipe_facts(MINE_FILE) is None  # judged by its recorded kinds (tests/test_kinds.py)
     assert recipe_facts(None) is recipe_facts(DEFAULT_RECIPE)  # records before the axis
 
 
-def test_recorded_kinds_that_differ_from_the_catalogue_are_not_judged():
-    facts = KNOWN_RECIPES[ULTRA_4O6]
-    assert facts.agrees_with({"experts": [STATIC_BLOCK]})
-    assert not facts.agrees_with({"experts": ["scalar"]})
-    assert not facts.agrees_with({"experts": [STATIC_BLOCK], "other": ["scalar"]})
+def test_the_forecast_is_checked_against_what_the_save_recorded():
+    """The catalogue forecasts per family on the model's families; a save that recorded other
+    kinds for a family (or a family it does not forecast) disagrees; a forecast family the save
+    recorded nothing for does not (the aggressive recipe's Mamba projections on a plain GPT)."""
+    plain = ("experts", "other")
+    ultra = forecast(ULTRA_4O6, plain)
+    assert ultra == {"experts": [STATIC_BLOCK]}  # its FP8 shared experts: not on a plain GPT
+    assert disagreement(ULTRA_4O6, ultra, {"experts": [STATIC_BLOCK]}) is None
+    assert "forecasts" in disagreement(ULTRA_4O6, ultra, {"experts": ["scalar"]})
+    assert disagreement(ULTRA_4O6, ultra, {"experts": [STATIC_BLOCK], "other": ["scalar"]})
+    aggressive = "mtq:MAMBA_MOE_NVFP4_AGGRESSIVE_CFG"
+    assert disagreement(aggressive, forecast(aggressive, plain), {"experts": ["scalar"]}) is None
+    assert disagreement(MINE_FILE, forecast(MINE_FILE, plain), {"experts": ["scalar"]}) is None
 
 
 @pytest.fixture(scope="module")
-def modelopt_kinds():
-    """What ModelOpt's own config matching makes of each known recipe on the cpu tier's model."""
-    import os
+def surveyed():
+    """What the recipe survey (ModelOpt's own config matching and calibration, in a process of
+    its own: harness/rank/recipe_survey.py) makes of each known recipe on the cpu tier's model."""
+    from harness.run.recipes import survey
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous_port()),
-           "PYTHONPATH": str(REPO_ROOT)}
-    got = bounded([sys.executable, "-m", "tests.rank_programs.recipe_kinds", *KNOWN_RECIPES],
-                  timeout=240, cwd=REPO_ROOT, env=env)
-    line = next((l for l in got.stdout.splitlines() if l.startswith("RECIPE_KINDS ")), None)
-    assert got.returncode == 0 and line, got.stderr[-3000:]
-    return json.loads(line.split(" ", 1)[1])
+    return {r["recipe"]: r for r in survey(sorted(KNOWN_RECIPES), timeout_s=600)["rows"]}
 
 
 @pytest.mark.parametrize("ref", sorted(KNOWN_RECIPES))
-def test_the_catalogue_says_what_modelopt_configures(modelopt_kinds, ref):
-    """Every module family the plain GPT has (experts, attention) gets the kind the catalogue
-    lists for it, or none when the catalogue leaves the family unquantized."""
+def test_the_catalogue_says_what_modelopt_configures(surveyed, ref):
+    """Every module family the survey model has (routed and shared experts, attention) gets the
+    kind the catalogue forecasts for it, or none when the catalogue leaves it unquantized."""
     facts = KNOWN_RECIPES[ref]
-    for family, kinds in modelopt_kinds[ref].items():
+    forecast_kinds = surveyed[ref]["forecast"]
+    for family, kinds in forecast_kinds.items():
         assert kinds == [facts.kinds.get(family)], (ref, family, kinds, facts.kinds)
-    assert "experts" in modelopt_kinds[ref], f"{ref} quantizes no expert weight here"
+    assert "experts" in forecast_kinds, f"{ref} quantizes no expert weight here"
 
 
 def test_the_recorded_refusal_is_judged_a_known_refusal_not_the_bug():

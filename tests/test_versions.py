@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from harness.check import versions as V
-from harness.check.judge import under_version, version_skip_reason
+from harness.check.judge import ran_decision, version_skip_reason
 from harness.records import StageResult
 from harness.run.cell import new_record
 from harness.scenario.scenarios import load_all
@@ -156,13 +156,13 @@ def test_the_ranks_version_decides_the_expectation():
     """Judged by the nvidia-modelopt the stage's ranks imported, not the controller's."""
     cell = _cell("gpu-witness", WITNESS_SAVE)
     rec = new_record(cell)
-    under_version(rec, cell.plan, _ran("0.48.0rc1"))
+    ran_decision(rec, cell.plan, _ran("0.48.0rc1"), None)
     assert (rec.modelopt, rec.mcore, rec.expectations, rec.expected, rec.notice) == (
         "0.48.0rc1", "0.19.2", "0.48.0rc1 + mcore 0.16.x|0.19.2", "pass", None)
-    under_version(rec, cell.plan, _ran("0.49.0"))
+    ran_decision(rec, cell.plan, _ran("0.49.0"), None)
     assert rec.expected == "rule-unknown" and "0.49.0" in rec.notice
-    under_version(rec, cell.plan, StageResult(stage="save", ok=True, wall_s=1.0, environment={
-        "nvidia-modelopt": "0.48.0rc1", "megatron-core": "0.15.3"}))
+    ran_decision(rec, cell.plan, StageResult(stage="save", ok=True, wall_s=1.0, environment={
+        "nvidia-modelopt": "0.48.0rc1", "megatron-core": "0.15.3"}), None)
     assert (rec.mcore, rec.expected) == ("0.15.3", "fail-save")
 
 

@@ -4,40 +4,67 @@ from __future__ import annotations
 
 from harness.check.layouts import Restore
 from harness.check.plan import CellPlan
-from harness.check.recipes import recipe_facts
+from harness.check.recipes import forecast
+from harness.check.versions import FAMILY_SPLIT, split_of
+from harness.model.recipes import EXPERTS
 from harness.records import ExpectMode, Expected, Patch
 from harness.tiers import Backend
 from harness.topology import oracle
 
+Kinds = dict[str, list[str]]  # module family -> the amax kinds of its weight quantizers
+
+
+def kinds_for(plan: CellPlan, recorded: Kinds | None) -> Kinds | None:
+    """The kinds that decide: what the save recorded once it ran, else the recipe's forecast on
+    the cell's model (None: neither is known)."""
+    return recorded or forecast(plan.recipe, plan.families)
+
 
 def expected(plan: CellPlan, behaviour) -> str:
-    """pass | fail-save | fail-load | amax-lost | not-restored | rule-unknown.
+    """The expectation before a save has run: the forecast's kinds decide."""
+    return expectation(plan, behaviour, kinds_for(plan, None))[0]
 
-    ``oracle`` mode: a pair, recipe or amax kind with no rule predicts nothing; an unpatched
-    golden whose layout that version cannot restore expects ``not-restored``; then the version's
-    replica rule (the fix's rule when patched, harness/topology/oracle.py) for the save, then the
-    load topology; then the amax kind's rule at an expert-TP change; then, unpatched on
-    TEGroupedMLP, the second bug where that version has it for that kind: every local expert's
-    weight-quantizer amax but expert 0's is gone after ``load_state_dict`` whenever a load rank
-    holds more than one expert.
+
+def expectation(plan: CellPlan, behaviour, kinds: Kinds | None) -> tuple[str, str | None]:
+    """(pass | fail-save | fail-load | amax-lost | not-restored | reshard-refused | rule-unknown,
+    and for rule-unknown from a kind: one line naming the kind, family and missing rule).
+
+    ``oracle`` mode: a pair with no rule, unknown kinds, or a (kind, family) the pair has no rule
+    for predicts nothing; an unpatched golden whose layout that version cannot restore expects
+    ``not-restored``; then the version's replica rule (the fix's rule when patched,
+    harness/topology/oracle.py) on the routed experts' kinds for the save, then the load
+    topology; then each family's kind at a change of the size that family is split over (expert
+    TP for routed experts, TP for the rest); then, unpatched on TEGroupedMLP, the second bug where
+    an expert kind has it: every local expert's weight-quantizer amax but expert 0's is gone after
+    ``load_state_dict`` whenever a load rank holds more than one expert.
     """
     if plan.recorded_expected is not None:
-        return plan.recorded_expected
+        return plan.recorded_expected, None
     if plan.expect == ExpectMode.PASS:
-        return Expected.PASS
+        return Expected.PASS, None
     if not behaviour.known:
-        return Expected.RULE_UNKNOWN  # no rule for the pair: predict nothing
-    facts = recipe_facts(plan.recipe)
-    kind = behaviour.kind_rule(facts.expert_kind) if facts else None
-    if kind is None:
-        return Expected.RULE_UNKNOWN  # a recipe, or an amax kind, with no rule for the pair
+        return Expected.RULE_UNKNOWN, None  # no rule for the pair: its notice says so
+    if not kinds or EXPERTS not in kinds:
+        return Expected.RULE_UNKNOWN, (
+            f"recipe {plan.recipe}: no amax kinds of the routed experts known (no forecast in "
+            "harness/check/recipes.py and no save recorded them): nothing to judge them by")
+    rules = {}
+    for family, names in sorted(kinds.items()):
+        for kind in names:
+            rule = behaviour.kind_rule(kind, family)
+            if rule is None:
+                return Expected.RULE_UNKNOWN, (
+                    f"recipe {plan.recipe}: no rule for amax kind {kind!r} of the {family} under "
+                    f"{behaviour.label} (harness/check/versions.py)")
+            rules[family, kind] = rule
+    experts = [r for (family, _), r in rules.items() if family == EXPERTS]
     patched = plan.patch == Patch.FIX
     if behaviour.cannot_save and plan.backend == Backend.TE:  # every sharded_state_dict call raises
-        return Expected.FAIL_LOAD if plan.golden else Expected.FAIL_SAVE
+        return (Expected.FAIL_LOAD if plan.golden else Expected.FAIL_SAVE), None
     if plan.golden and not patched and behaviour.golden_restore.get(plan.golden_layout) != Restore.RESTORED:
-        return Expected.NOT_RESTORED
+        return Expected.NOT_RESTORED, None
     rule = "expert-tp" if patched else behaviour.replica_rule
-    rule = rule if kind.replica_rule_applies else None
+    rule = rule if any(r.replica_rule_applies for r in experts) else None
     shared = behaviour.shared_rule if plan.backend == Backend.TE else None
 
     def fails(topo) -> bool:
@@ -46,12 +73,22 @@ def expected(plan: CellPlan, behaviour) -> str:
 
     save, load = plan.save, plan.load
     if fails(save):
-        return Expected.FAIL_SAVE
+        return Expected.FAIL_SAVE, None
     if load and fails(load):
-        return Expected.FAIL_LOAD
-    if load and load.etp != save.etp and kind.etp_change != Expected.PASS:
-        return kind.etp_change or Expected.RULE_UNKNOWN
-    if (load and not patched and plan.backend == Backend.TE and kind.lost_on_reload
+        return Expected.FAIL_LOAD, None
+    if load:
+        resharded = {key: r.reshard for key, r in rules.items()
+                     if split_of(key[0], load) != split_of(key[0], save) and r.reshard != Expected.PASS}
+        for (family, kind), word in resharded.items():
+            if word is None:
+                split = FAMILY_SPLIT.get(family, "tp")
+                return Expected.RULE_UNKNOWN, (
+                    f"recipe {plan.recipe}: amax kind {kind!r} of the {family} loaded at another "
+                    f"{split} ({split}{split_of(family, save)} -> {split}{split_of(family, load)}): "
+                    f"no rule under {behaviour.label} (harness/check/versions.py KindRule.reshard)")
+        if resharded:
+            return next(iter(resharded.values())), None
+    if (load and not patched and plan.backend == Backend.TE and any(r.lost_on_reload for r in experts)
             and plan.num_experts // load.ep > 1):
-        return Expected.AMAX_LOST
-    return Expected.PASS
+        return Expected.AMAX_LOST, None
+    return Expected.PASS, None

@@ -8,48 +8,51 @@ outcome a record holds and judge nothing themselves.
 """
 from __future__ import annotations
 
+import copy
 import re
 
+from harness.check.decision import CellDecision, decide, version_skip_reason  # noqa: F401
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
 from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, topology_finding
 from harness.check import versions
-from harness.check.expectation import expected
 from harness.check.plan import CellPlan
-from harness.check.recipes import recipe_facts
-from harness.check.versions import installed_mcore, plugin_problem
+from harness.check.versions import installed_mcore
+from harness.model.recipes import EXPERTS, KIND_TENSORS, SCALAR, STATIC_BLOCK
 from harness.records import (NAMED_AMAX_STATES, CellRecord, Expected, Outcome, Patch, Stage,
                              StageCause, StageResult)
-from harness.tiers import on_cuda
 
 
 def rules_for(modelopt: str | None, mcore: str | None = None):
-    """THE place the judge reads rules (harness/check/versions.py): those of the (modelopt,
-    megatron-core) pair; ``mcore`` None: the megatron-core installed here."""
+    """The rules of the (modelopt, megatron-core) pair (harness/check/versions.py); ``mcore``
+    None: the megatron-core installed here."""
     return versions.rules_for(modelopt, mcore or installed_mcore())
 
 
 def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: StageResult | None,
-               stopped: str | None = None) -> CellRecord:
-    """The cell's outcome from what ran: ``save`` (None: not run), ``load`` (None: not run or a
-    save-only cell) and ``stopped`` (the signal that stopped the controller before the save).
+               stopped: str | None = None, decision: CellDecision | None = None) -> CellRecord:
+    """The cell's record judged from what ran: ``save`` (None: not run), ``load`` (None: not run
+    or a save-only cell) and ``stopped`` (the signal that stopped the controller before the save).
 
-    Fills the outcome fields of ``rec`` (expectations of the modelopt the ranks imported, outcome,
-    failure, judged verify figures, the cross-topology finding) and returns it."""
-    under_version(rec, cell, None)
+    Returns a new record (``rec`` is not touched) with the decision of the pair the ranks imported
+    and the kinds the save recorded (``decision``, the controller's from before the stages ran, is
+    reused when those are its own), the outcome, failure, judged verify figures and the
+    cross-topology finding."""
+    rec = copy.deepcopy(rec)
+    d = ran_decision(rec, cell, save, load, decision)
     for stage in (save, load):
         if stage is not None:
-            under_version(rec, cell, stage)
             note_evidence(rec, stage)
-    skip = version_skip_reason(cell, rules_for(rec.modelopt, rec.mcore), rec.modelopt, rec.mcore)
-    if save is None or (skip and not stopped):
+    if save is None or (d.skip and not stopped):
         if stopped:
             interrupted(rec, None, stopped)
         else:
-            rec.outcome, rec.reason = Outcome.SKIPPED, skip or "not run"
+            rec.outcome, rec.reason = Outcome.SKIPPED, d.skip or "not run"
     elif save.interrupted:
         interrupted(rec, save, save.interrupted)
+    elif is_not_quantizable(save.cause):
+        not_quantizable(rec, save)
     elif cell.load is None:
-        save_only(rec, save, cell.save)
+        save_only(rec, save, cell.save, d)
     elif not save.ok:
         blocked(rec, save, cell.save.id)
     elif load is None:
@@ -57,10 +60,38 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
     elif load.interrupted:
         interrupted(rec, load, load.interrupted)
     else:
-        _load(rec, load, cell)
+        _load(rec, load, cell, d)
         rec.finding = topology_finding(rec.verify)
     settle_unknown(rec)
     return rec
+
+
+def ran_decision(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: StageResult | None,
+                 decision: CellDecision | None = None) -> CellDecision:
+    """The decision under the pair the stages' ranks imported (the record's until a stage has
+    reported) and the kinds the save recorded, written into ``rec``; ``decision`` is reused when
+    it is that one."""
+    env = {}
+    for stage in (save, load):
+        if stage is not None:
+            env.update({k: v for k, v in stage.environment.items() if v})
+    modelopt = env.get("nvidia-modelopt") or rec.modelopt
+    mcore = env.get("megatron-core") or rec.mcore or installed_mcore()
+    if save is not None and save.stage == Stage.SAVE and save.rank0.get("amax_kinds") is not None:
+        rec.amax_kinds = save.rank0["amax_kinds"]
+    if save is not None and save.amax_keys is not None:
+        rec.amax_keys = save.amax_keys
+    if decision is None or not decision.holds_for(modelopt, mcore, rec.amax_kinds):
+        decision = decide(cell, modelopt, mcore, rec.amax_kinds)
+    note_decision(rec, decision)
+    return decision
+
+
+def note_decision(rec: CellRecord, d: CellDecision) -> None:
+    """The decision's fields in the record: the pair, whose rules, the expectation, notice and
+    where the save's kinds disagree with the forecast."""
+    rec.modelopt, rec.mcore, rec.expectations = d.modelopt, d.mcore, d.expectations
+    rec.expected, rec.notice, rec.forecast_disagreement = d.expected, d.notice, d.forecast_disagreement
 
 
 # The report's failure: megatron-core's validation refuses the per-expert amax access pattern.
@@ -73,10 +104,20 @@ BUG_TEXT = "Invalid access pattern"
 SHARED_EXPERT_AMAX = re.compile(r"mlp\.experts\.experts\.linear_fc\d\.input_quantizer\._amax")
 
 
-def is_bug(cause: StageCause | None, behaviour=None) -> bool:
+def expert_tensors(kinds: dict | None) -> tuple[str, ...]:
+    """The checkpoint tensors the routed experts' weight quantizers hold, by their recorded or
+    forecast kinds (each its own sharded tensor: a static kind's ``_global_amax`` beside its
+    block ``_amax``); unknown kinds: the scalar ``_amax``."""
+    names = {t for kind in (kinds or {}).get(EXPERTS, ()) for t in KIND_TENSORS.get(kind, ())}
+    return tuple(sorted(names)) or KIND_TENSORS[SCALAR]
+
+
+def is_bug(cause: StageCause | None, behaviour=None,
+           tensors: tuple[str, ...] = KIND_TENSORS[STATIC_BLOCK]) -> bool:
     """The failure the pair's rule predicts: by default the report's (validation on a per-expert
-    weight amax); a pair that cannot save predicts its exception; a pair whose shared expert amax
-    collides predicts that key, and no other."""
+    weight-quantizer tensor of the experts' kinds, ``tensors``: by default either of a static
+    kind's, the widest); a pair that cannot save predicts
+    its exception; a pair whose shared expert amax collides predicts that key, and no other."""
     if not cause:
         return False
     if behaviour is not None and behaviour.cannot_save:
@@ -86,7 +127,8 @@ def is_bug(cause: StageCause | None, behaviour=None) -> bool:
         return False
     if behaviour is not None and behaviour.shared_rule == "expert-tp-dense-dp":
         return bool(SHARED_EXPERT_AMAX.search(cause.key or ""))
-    return bool(WEIGHT_AMAX.search(cause.key or ""))
+    key = cause.key or ""
+    return bool(WEIGHT_AMAX.search(key)) and any(key.endswith(f"weight_quantizer.{t}") for t in tensors)
 
 
 def is_amax_refusal(cause: StageCause | None) -> bool:
@@ -116,79 +158,31 @@ def is_shape_refusal(cause: StageCause | None) -> bool:
                 and "weight_quantizer._amax" in text)
 
 
-def version_skip_reason(cell: CellPlan, behaviour, modelopt: str | None,
-                        mcore: str | None = None) -> str | None:
-    """Why the pair (default megatron-core: the installed one) cannot run this cell meaningfully,
-    or None."""
-    mcore = mcore or installed_mcore()
-    if cell.patch == Patch.FIX and not behaviour.fix_applies:
-        from harness.fix import SUPPORTED_MCORE_VERSIONS, SUPPORTED_MODELOPT_VERSION
-
-        return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only, "
-                f"with megatron-core {'/'.join(SUPPORTED_MCORE_VERSIONS)}; {modelopt} is "
-                f"installed with megatron-core {mcore} (a fixed release needs no "
-                "patch: see the unpatched scenarios)")
-    if not on_cuda(cell.tier) and (behaviour.plugin_needs_te or not behaviour.known):
-        return plugin_problem()
-    if cell.golden:  # a golden in a torch_dist format this megatron-core cannot read
-        from harness.paths import shown_path
-
-        ckpt = cell.golden_ckpt
-        problem = versions.common_pt_problem(ckpt, mcore, shown=shown_path(ckpt))
-        if problem:
-            return f"golden not loadable here: {problem}"
-    return None
-
-
-def under_version(rec: CellRecord, cell: CellPlan, stage: StageResult | None) -> None:
-    """Expectations of the nvidia-modelopt the stage's ranks imported (the controller's until a
-    stage has reported)."""
-    env = stage.environment if stage else {}
-    rec.modelopt = env.get("nvidia-modelopt") or rec.modelopt
-    rec.mcore = env.get("megatron-core") or rec.mcore or installed_mcore()
-    behaviour = rules_for(rec.modelopt, rec.mcore)
-    rec.expectations = behaviour.label
-    rec.notice = behaviour.notice(rec.modelopt, rec.mcore)
-    rec.expected = expected(cell, behaviour)
-    if stage is not None and stage.stage == Stage.SAVE and stage.rank0.get("amax_kinds") is not None:
-        rec.amax_kinds = stage.rank0["amax_kinds"]
-    if rec.notice is None and behaviour.known:
-        rec.notice = recipe_notice(rec, cell, behaviour)
-        if rec.notice:
-            rec.expected = Expected.RULE_UNKNOWN
-
-
-def recipe_notice(rec: CellRecord, cell: CellPlan, behaviour) -> str | None:
-    """Why the cell's recipe leaves it without a rule under a known pair, or None: a recipe the
-    catalogue does not know, a save that made other amax kinds than the catalogue says, an amax
-    kind the pair has no rule for, or an expert-TP change that kind has no rule for."""
-    ref = cell.recipe
-    facts = recipe_facts(ref)
-    if facts is None:
-        return (f"recipe {ref}: not in harness/check/recipes.py (its amax kinds are not known "
-                "here); its cells are judged `rule-unknown`: what ran is recorded")
-    if not facts.agrees_with(rec.amax_kinds):
-        return (f"recipe {ref}: the save made amax kinds {rec.amax_kinds}, harness/check/"
-                f"recipes.py says {facts.kinds}: no rule judges what did not run as described")
-    kind = behaviour.kind_rule(facts.expert_kind)
-    if kind is None:
-        return (f"recipe {ref}: no rule for expert amax kind {facts.expert_kind!r} under "
-                f"{behaviour.label} (harness/check/versions.py)")
-    load = cell.load
-    if load is not None and kind.etp_change is None and load.etp != cell.save.etp \
-            and rec.expected == Expected.RULE_UNKNOWN:  # under_version has just set it
-        return (f"recipe {ref}: expert amax kind {facts.expert_kind!r} loaded at another expert "
-                f"TP (etp{cell.save.etp} -> etp{load.etp}): no rule under {behaviour.label} "
-                "(harness/check/versions.py KindRule.etp_change); what ran is recorded")
-    return None
-
-
 def settle_unknown(rec: CellRecord) -> None:
     """A pair with no rule predicts nothing: its cell is ``rule-unknown``, whatever ran (kept in
-    the record), never judged by another pair's rule."""
-    if rec.expected == Expected.RULE_UNKNOWN and rec.outcome not in (Outcome.SKIPPED, Outcome.INTERRUPTED):
+    the record), never judged by another pair's rule. A recipe ModelOpt refuses is not a
+    checkpoint's answer either way: it stays ``not-quantizable``."""
+    if rec.expected == Expected.RULE_UNKNOWN and rec.outcome not in (
+            Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.NOT_QUANTIZABLE):
         ran = f"{rec.outcome}: {rec.reason or rec.message or ''}".strip(": ")
         rec.outcome, rec.reason = Outcome.RULE_UNKNOWN, f"{rec.notice} (ran: {ran[:300]})"
+
+
+# harness/model/quant.py NotQuantizable: ModelOpt's own exception inside mtq.quantize.
+NOT_QUANTIZABLE_EXCEPTION = "NotQuantizable"
+
+
+def is_not_quantizable(cause: StageCause | None) -> bool:
+    return bool(cause and (cause.exc_type or "").endswith(NOT_QUANTIZABLE_EXCEPTION))
+
+
+def not_quantizable(rec: CellRecord, save: StageResult) -> None:
+    """ModelOpt refused to quantize the model with the recipe in the save stage: the cell (and
+    every load of that save) is ``not-quantizable``, carrying ModelOpt's exception."""
+    fill_failure(rec, save)
+    rec.outcome = Outcome.NOT_QUANTIZABLE
+    rec.reason = (f"ModelOpt {rec.modelopt} refuses to quantize this model with recipe "
+                  f"{rec.recipe_ref}: {(save.cause.message if save.cause else '')[:300]}")
 
 
 def interrupted(rec: CellRecord, stage: StageResult | None, signal: str) -> None:
@@ -213,10 +207,10 @@ def fill_failure(rec: CellRecord, stage: StageResult) -> None:
     rec.teardown_s = stage.teardown_s
 
 
-def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str) -> None:
+def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str, d: CellDecision) -> None:
     """A stage that failed: the bug where ``expected_stage`` was expected, else unexpected."""
     fill_failure(rec, stage)
-    if rec.expected == expected_stage and is_bug(stage.cause, rules_for(rec.modelopt, rec.mcore)):
+    if rec.expected == expected_stage and is_bug(stage.cause, d.behaviour, expert_tensors(d.kinds)):
         rec.outcome = Outcome.BUG_REPRODUCED
     else:
         rec.outcome = Outcome.UNEXPECTED_FAILURE
@@ -224,9 +218,9 @@ def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str) -> No
             rec.reason = f"{stage.stage} stage timed out"
 
 
-def save_only(rec: CellRecord, save: StageResult, topology) -> None:
+def save_only(rec: CellRecord, save: StageResult, topology, d: CellDecision) -> None:
     if not save.ok:
-        failed_stage(rec, save, Expected.FAIL_SAVE)
+        failed_stage(rec, save, Expected.FAIL_SAVE, d)
     elif rec.expected == Expected.FAIL_SAVE:
         bug_gone(rec, Stage.SAVE, topology)
     else:
@@ -324,11 +318,11 @@ def verify_problems(verify: dict, known_gaps) -> list[str]:
     return problems
 
 
-def _load(rec: CellRecord, stage: StageResult, cell: CellPlan) -> None:
+def _load(rec: CellRecord, stage: StageResult, cell: CellPlan, d: CellDecision) -> None:
     """A load stage against the cell's expectation."""
     known_gaps = cell.known_gaps
     if not stage.ok:
-        failed_stage(rec, stage, Expected.FAIL_LOAD)
+        failed_stage(rec, stage, Expected.FAIL_LOAD, d)
         if rec.expected == Expected.NOT_RESTORED and not stage.timed_out and is_amax_refusal(stage.cause):
             rec.outcome = Outcome.BUG_REPRODUCED  # megatron-core refused the checkpoint's amax
         if rec.expected == Expected.RESHARD_REFUSED and not stage.timed_out and is_shape_refusal(stage.cause):

@@ -29,6 +29,20 @@ ROUTER_WEIGHT = re.compile(r"(?:.*\.)?layers\.(?P<layer>\d+)\.mlp\.router\.weigh
 ANY_LAYER = re.compile(r"(?:.*\.)?layers\.(?P<layer>\d+)\.")
 
 
+def amax_key_counts(keys) -> dict:
+    """How many quantizer amax keys (``_amax``, ``_global_amax``; weight and input quantizers) a
+    checkpoint holds per module family, those of MTP layers (``mtp.`` keys) apart under "mtp"."""
+    from harness.model.recipes import module_family
+
+    out: dict = {}
+    for key in keys:
+        if "_quantizer." in key and key.endswith("amax"):
+            where = out.setdefault("mtp", {}) if key.startswith("mtp.") else out
+            family = module_family(key)
+            where[family] = where.get(family, 0) + 1
+    return out
+
+
 def is_expert_weight_amax(key: str) -> bool:
     """A weight-quantizer amax of an expert linear, in either layout."""
     return ".experts." in key and "weight_quantizer" in key and key.endswith("amax")

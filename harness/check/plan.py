@@ -34,6 +34,9 @@ class CellPlan:
     golden_layout: str | None = None  # its GoldenLayout, read when planned (unpatched goldens)
     golden_ckpt: Path | None = None  # its checkpoint folder (format checks)
     known_gaps: tuple[KnownGap, ...] = ()
+    # The module families its model has (harness/model/recipes.py model_families): what a
+    # recipe's forecast covers on it. None: not known (a recorded cell no scenario holds now).
+    families: tuple[str, ...] | None = None
     # A recorded cell no scenario holds now: its recorded expectation stands (nothing to plan).
     recorded_expected: str | None = None
 

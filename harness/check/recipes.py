@@ -1,12 +1,13 @@
-"""What each known quantization recipe puts in a checkpoint: the amax kinds of its weight
+"""The forecast of what a quantization recipe puts in a checkpoint: the amax kinds of its weight
 quantizers, per module family, read from the recipe files ModelOpt ships.
 
 Why: whether a reshard works depends on the kind of amax a recipe stores, not on its name.
-The version rules (harness/check/versions.py) are written per kind; a recipe is judged through
-the kinds listed here. A recipe not listed (a user's file, a constant not read yet) has no
-kinds here: its cells are ``rule-unknown``. The save stage records the kinds the calibration
-really made (harness/model/quant.py ``amax_kinds``); a recorded run whose kinds differ from this
-table is judged ``rule-unknown`` too (tests/test_recipes.py checks the committed runs).
+The version rules (harness/check/versions.py) are written per (kind, family). Before a save has
+run, the kinds listed here decide a cell's expectation; once a save ran, the kinds it RECORDED
+(harness/model/quant.py ``amax_kinds``) decide, and this table is only checked against them: a
+disagreement is named in the record (``forecast_disagreement``), never a reason to stop judging.
+A recipe not listed (a user's file, a constant not read yet) has no forecast: it is judged from
+its recorded kinds like any other.
 
 Kinds (weight quantizers of one module family):
 - ``scalar``: one amax per quantizer, shape (1,): dynamic NVFP4 (a per-tensor global amax with
@@ -37,13 +38,10 @@ class RecipeFacts:
     def expert_kind(self) -> str | None:
         return self.kinds.get(EXPERTS)
 
-    def agrees_with(self, observed: dict[str, list[str]] | None) -> bool:
-        """Whether what a save recorded (family -> kinds seen) is what this table says, for the
-        families the model has (a plain GPT has no shared experts)."""
-        if not observed:
-            return True  # recorded before kinds were recorded: the default recipe, scalar
-        return all(fam in self.kinds and kinds == [self.kinds[fam]]
-                   for fam, kinds in observed.items())
+    def on(self, families: tuple[str, ...] | None) -> dict[str, list[str]]:
+        """The kinds per family on a model that has ``families`` (None: every family listed),
+        in the shape a save records them (family -> sorted kinds)."""
+        return {f: [k] for f, k in sorted(self.kinds.items()) if families is None or f in families}
 
 
 _NEMOTRON = "models/nvidia/NVIDIA-Nemotron-3-{}-BF16/ptq/{}"
@@ -82,3 +80,21 @@ def recipe_facts(ref: str | None) -> RecipeFacts | None:
     """The table's facts for a recipe (None: not known here); a record without a recipe was
     made before the recipe axis, with the default."""
     return KNOWN_RECIPES.get(ref or DEFAULT_RECIPE)
+
+
+def forecast(ref: str | None, families: tuple[str, ...] | None = None) -> dict[str, list[str]] | None:
+    """The kinds this table forecasts for a recipe on a model with ``families``; None: none."""
+    facts = recipe_facts(ref)
+    return facts.on(families) if facts else None
+
+
+def disagreement(ref: str | None, forecast_kinds: dict | None, recorded: dict | None) -> str | None:
+    """One line when a save recorded, for some family, other amax kinds than the forecast (or a
+    family it does not forecast), else None. A forecast family the save recorded nothing for is
+    no disagreement: the recipe's patterns may name modules this model lacks (Mamba projections
+    on a plain GPT). No forecast, or nothing recorded: nothing to disagree with."""
+    if not forecast_kinds or not recorded or all(
+            sorted(kinds) == forecast_kinds.get(family) for family, kinds in recorded.items()):
+        return None
+    return (f"recipe {ref or DEFAULT_RECIPE}: the save recorded amax kinds {recorded}, "
+            f"harness/check/recipes.py forecasts {forecast_kinds}: judged by what the save recorded")

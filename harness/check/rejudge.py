@@ -87,7 +87,7 @@ def rejudge_record(rec: CellRecord | Mapping, cell: CellPlan | None) -> dict:
     new = CellRecord(**{**known, **kept})
     new.verify = {}
     save, load, stopped = stages_from_record(rec, facts)
-    judge.judge_cell(new, facts, save, load, stopped)
+    new = judge.judge_cell(new, facts, save, load, stopped)
     if cell is None:
         new.expected = rec.expected if "expected" in raw else new.expected
     if rec.outcome == Outcome.SKIPPED:  # nothing ran: the recorded reason stands
@@ -104,6 +104,8 @@ def _rejudgeable(rec: CellRecord, cell: CellPlan) -> bool:
     outcome = rec.outcome
     if outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.BLOCKED, Outcome.UNEXPECTED_PASS):
         return True  # an unexpected pass stands only on the evidence it kept (judge.bug_gone)
-    if rec.failed_stage == Stage.VERIFY or (outcome == Outcome.PASS and cell.load):
+    # rule-unknown without a failed stage: its stages ran and passed (judge.settle_unknown)
+    passed = outcome == Outcome.PASS or (outcome == Outcome.RULE_UNKNOWN and not rec.failed_stage)
+    if rec.failed_stage == Stage.VERIFY or (passed and cell.load):
         return bool(rec.verify)
-    return outcome == Outcome.PASS or bool(rec.failed_stage)
+    return passed or bool(rec.failed_stage)

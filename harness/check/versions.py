@@ -19,6 +19,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.check.layouts import CkptLayout, GoldenLayout, Restore
+from harness.model.recipes import EXPERTS, OTHER, SCALAR, SHARED_EXPERTS, STATIC_BLOCK
 from harness.records import Expected
 
 # Layout of a grouped linear's weight quantizer in the checkpoint a release writes.
@@ -81,21 +82,35 @@ def common_pt_problem(ckpt_dir, mcore: str | None, shown=None) -> str | None:
 
 @dataclass(frozen=True)
 class KindRule:
-    """What one pair does with one amax kind (harness/check/recipes.py) of the expert weights."""
+    """What one pair does with one amax kind (harness/check/recipes.py) of one module family's
+    weights, split as the family is (FAMILY_SPLIT: routed experts by expert TP, the rest by TP)."""
 
-    # The per-expert tensors of this kind get the pair's replica ids (Behaviour.replica_rule):
-    # they collide wherever the scalar amax does.
+    # The family's tensors of this kind get the pair's per-expert replica ids
+    # (Behaviour.replica_rule): they collide wherever the scalar expert amax does. False for dense
+    # linears, whose replica ids are megatron-core's defaults (dense TP and DP: right for them).
     replica_rule_applies: bool
     # The second bug reaches this kind: load_state_dict re-calibrates it through expert 0.
     lost_on_reload: bool
-    # What a load at another expert-TP size than the save's gives (an Expected word); None: no
-    # rule (nothing was read or run that decides it), so such a cell is ``rule-unknown``.
-    etp_change: str | None
-    # Calibrating this kind at expert TP > 1 is refused by ModelOpt: the text of its refusal
-    # (a save at ETP > 1 is refused when the cell is planned), None: allowed.
-    save_refused_at_etp_gt1: str | None = None
+    # What a load at another split size (ETP for experts, TP otherwise) than the save's gives (an
+    # Expected word); None: no rule (nothing was read or run that decides it): ``rule-unknown``.
+    reshard: str | None
+    # Calibrating this kind with its family split > 1 is refused by ModelOpt: the text of its
+    # refusal (such a save is refused when the cell is planned), None: allowed.
+    save_refused_split: str | None = None
     source: str = ""
     checked_on: str = ""
+
+
+# How each module family's weights are split: routed experts over expert TP, shared experts and
+# every dense linear (attention, dense MLP, Mamba projections, the output layer) over TP
+# (megatron-core 0.19.2 transformer/moe/experts.py builds TEGroupedMLP with the expert TP group;
+# moe/shared_experts.py SharedExpertMLP is an MLP with the dense TP group).
+FAMILY_SPLIT = {EXPERTS: "etp", SHARED_EXPERTS: "tp", OTHER: "tp"}
+
+
+def split_of(family: str, topo) -> int:
+    """The size a family's weights are split over at ``topo`` (a family not listed: dense TP)."""
+    return getattr(topo, FAMILY_SPLIT.get(family, "tp"))
 
 
 # One amax of shape (1,) per expert quantizer (dynamic NVFP4's global amax, FP8 per-tensor): the
@@ -124,7 +139,7 @@ _STATIC_SOURCE = (
 
 
 def scalar_rule(drops_on_reload: bool) -> KindRule:
-    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, etp_change=Expected.PASS,
+    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, reshard=Expected.PASS,
                     source=_SCALAR_SOURCE)
 
 
@@ -137,9 +152,42 @@ _STATIC_CHECKED = ("gpu-shared, H100, megatron-core 0.19.2: docs/runs/20261206-0
 
 def static_block_rule(checked_on: str = _STATIC_CHECKED) -> KindRule:
     return KindRule(replica_rule_applies=True, lost_on_reload=False,
-                    etp_change=Expected.RESHARD_REFUSED,
-                    save_refused_at_etp_gt1=_STATIC_REFUSAL, source=_STATIC_SOURCE,
+                    reshard=Expected.RESHARD_REFUSED,
+                    save_refused_split=_STATIC_REFUSAL, source=_STATIC_SOURCE,
                     checked_on=checked_on)
+
+
+# Dense linears (shared experts, attention, dense MLP, Mamba projections): ModelOpt's
+# _MegatronParallelLinear.sharded_state_dict (0.47.0 plugins/megatron.py:508-551) builds their
+# quantizer tensors with make_sharded_tensors_for_checkpoint and no group arguments, i.e.
+# megatron-core's default replica ids (dense TP, dense DP), which are right for a dense linear:
+# nothing collides. _get_shard_axis_dict (Column :557-581, Row :587-621) gives a weight amax of
+# axis None (dynamic NVFP4, FP8 per-tensor, static NVFP4 blocks) no shard axis and skips
+# _global_amax (:572-575, :604-607): a replicated tensor of the LOCAL shape. No GroupedQuantizer,
+# so the second bug (post-restore re-calibration through expert 0) does not reach them.
+_DENSE_SOURCE = ("0.47.0 plugins/megatron.py:508-551 (default replica ids: dense TP and DP), "
+                 "_get_shard_axis_dict :557-581 / :587-621 (axis None: no shard axis, "
+                 "_global_amax skipped)")
+# Every committed default-recipe run (attention linears NVFP4, scalar) reloads at other TP sizes.
+_DENSE_SCALAR_CHECKED = ("gpu-shared, megatron-core 0.19.2: the default recipe's attention "
+                         "linears at TP changes (docs/runs/20261203-000204-matrix.md)")
+
+
+def dense_scalar_rule() -> KindRule:
+    """A (1,) amax replicated over TP: a TP change reshards it like any replicated tensor."""
+    return KindRule(replica_rule_applies=False, lost_on_reload=False, reshard=Expected.PASS,
+                    source=_DENSE_SOURCE, checked_on=_DENSE_SCALAR_CHECKED)
+
+
+def dense_static_block_rule() -> KindRule:
+    """Static NVFP4 blocks of a dense linear: calibration refused at TP > 1
+    (_check_nvfp4_static_tp_supported reads every QuantModule's TP group, 0.47.0
+    plugins/megatron.py:86-113, whose own docstring says the block _amax "is shard-local but
+    sharded_state_dict treats it as replicated"); at the save's TP it loads as saved. At another
+    TP no rule: neither the sources read nor a run decides whether the load planner refuses the
+    local-shaped replicated block _amax or hands every rank the whole saved one."""
+    return KindRule(replica_rule_applies=False, lost_on_reload=False, reshard=None,
+                    save_refused_split=_STATIC_REFUSAL, source=_DENSE_SOURCE)
 
 
 @dataclass(frozen=True)
@@ -175,10 +223,16 @@ class Behaviour:
     # no rule for this pair: its cells are rule-unknown. Empty: the scalar kind only, by the
     # fields above (the kind every rule was first written for).
     kinds: dict[str, KindRule] = field(default_factory=dict)
+    # Rules per amax kind of the dense families (shared experts, every other linear).
+    dense_kinds: dict[str, KindRule] = field(default_factory=lambda: {SCALAR: dense_scalar_rule()})
 
-    def kind_rule(self, kind: str | None) -> KindRule | None:
-        """This pair's rule for an amax kind; None: no rule."""
-        if kind == "scalar" and "scalar" not in self.kinds:
+    def kind_rule(self, kind: str | None, family: str = EXPERTS) -> KindRule | None:
+        """This pair's rule for an amax kind of a module family; None: no rule."""
+        if not self.known:
+            return None
+        if family != EXPERTS:
+            return self.dense_kinds.get(kind or "")
+        if kind == SCALAR and SCALAR not in self.kinds:
             return scalar_rule(self.drops_expert_amax_on_reload)
         return self.kinds.get(kind or "")
 
@@ -216,6 +270,7 @@ class Behaviour:
         return None
 
 
+_DENSE_WITH_STATIC = {SCALAR: dense_scalar_rule(), STATIC_BLOCK: dense_static_block_rule()}
 _GOLDENS_PER_EXPERT = {GoldenLayout.SHARED: NOT_RESTORED, GoldenLayout.COMPLETE: RESTORED,
                        GoldenLayout.INCOMPLETE: NOT_RESTORED}
 _SRC_047 = ("0.47.0 plugins/megatron.py:936 make_sharded_tensors_for_checkpoint(expert_state, '', "
@@ -240,7 +295,7 @@ KNOWN = (
         label="0.47.0 + mcore 0.16.x|0.19.2", specifier="==0.47.0", layout=PER_EXPERT,
         replica_rule="dense-tp", drops_expert_amax_on_reload=True,
         golden_restore=_GOLDENS_PER_EXPERT, fix_applies=True,
-        kinds={"static-block": static_block_rule()},
+        kinds={STATIC_BLOCK: static_block_rule()}, dense_kinds=_DENSE_WITH_STATIC,
         source=f"{_SRC_047}; megatron-core >= 0.16 fills replica_id[1] from the DENSE TP group "
                "(0.16.1 core/utils.py:1017-1020; 0.19.2 the same)",
         checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261202-122731-witness.md) "
@@ -264,7 +319,7 @@ KNOWN = (
         label="0.48.0rc1 + mcore 0.16.x|0.19.2", specifier="==0.48.0rc1", layout=PER_EXPERT,
         replica_rule="expert-tp", drops_expert_amax_on_reload=False,
         golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
-        kinds={"static-block": static_block_rule()},
+        kinds={STATIC_BLOCK: static_block_rule()}, dense_kinds=_DENSE_WITH_STATIC,
         source=_SRC_048 + "; megatron-core >= 0.16 honours the groups (0.16.1 "
                "transformer/utils.py:81-82, core/utils.py:1009-1020)",
         checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261203-000204-matrix.md) "

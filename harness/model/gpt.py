@@ -53,6 +53,19 @@ class ModelSize:
                 del out[f.name]
         return out
 
+    def record(self) -> dict:
+        """What a cell record says of the model that ran (CellRecord.model): ``as_dict`` with
+        its kind always named."""
+        return {"kind": self.kind, **self.as_dict()}
+
+    def difference(self, recorded: dict) -> str | None:
+        """One line naming how a recorded model (``record``'s dict) differs from this one, or
+        None when it is this one."""
+        mine = self.record()
+        diff = [f"{k} {recorded.get(k, 'absent')} recorded, {mine.get(k, 'absent')} in the profile"
+                for k in sorted(set(mine) | set(recorded)) if recorded.get(k) != mine.get(k)]
+        return "; ".join(diff) or None
+
     def __repr__(self) -> str:  # the dataclass repr of ``as_dict``: save ids hash it (cells.py)
         return f"ModelSize({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 
 from harness.model.gpt import ModelSize, forward, sample_batch
-from harness.model.recipes import (DEFAULT_RECIPE, SCALAR, STATIC_BLOCK, Recipe, module_family,
-                                   quant_config)
+from harness.model.recipes import (DEFAULT_RECIPE, NO_AMAX, PER_BLOCK, PER_CHANNEL, SCALAR,
+                                   STATIC_BLOCK, Recipe, module_family, quant_config)
 from harness.tiers import Backend
 from harness.topology.topology import Topology
 
@@ -25,9 +25,16 @@ def topology_problems(topo: Topology, backend: str) -> list[str]:
     return []
 
 
+class NotQuantizable(RuntimeError):
+    """ModelOpt refused to quantize the model with the recipe: an exception raised from ModelOpt's
+    own code inside ``mtq.quantize``, named in the message as ``<type>: <text>`` (e.g. AWQ on TE
+    grouped experts: "AttributeError: 'QuantTEColumnParallelGroupedLinear' object has no
+    attribute 'weight'"). Judged ``not-quantizable`` (harness/check/judge.py)."""
+
+
 def quantize(model, size: ModelSize, device, recipe: str = DEFAULT_RECIPE) -> None:
     """``mtq.quantize`` with the recipe's config (harness/model/recipes.py), calibrated by the
-    recipe's own algorithm on a few seeded batches."""
+    recipe's own algorithm on a few seeded batches; ModelOpt's own refusal raises NotQuantizable."""
     import modelopt.torch.quantization as mtq
 
     from harness.paths import REPO_ROOT
@@ -36,7 +43,21 @@ def quantize(model, size: ModelSize, device, recipe: str = DEFAULT_RECIPE) -> No
         for i in range(CALIBRATION_BATCHES):
             forward(m, sample_batch(size, CALIBRATION_SEED + i, device))
 
-    mtq.quantize(model, quant_config(Recipe.parse(recipe), REPO_ROOT), forward_loop)
+    config = quant_config(Recipe.parse(recipe), REPO_ROOT)
+    try:
+        mtq.quantize(model, config, forward_loop)
+    except Exception as exc:
+        if not raised_in_modelopt(exc):
+            raise  # the harness's model or megatron-core: not ModelOpt's answer about the recipe
+        raise NotQuantizable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def raised_in_modelopt(exc: BaseException) -> bool:
+    """Whether the exception's innermost frame is ModelOpt's code."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and "/modelopt/" in frames[-1].filename.replace("\\", "/")
 
 
 def amax_kinds(model) -> dict[str, list[str]]:
@@ -53,12 +74,33 @@ def amax_kinds(model) -> dict[str, list[str]]:
 
 
 def _kind(q) -> str:
+    """What a calibrated weight quantizer holds: its amax read, named by its configuration where
+    the amax alone does not say (a per-block or per-channel amax)."""
     amax = getattr(q, "_amax", None)
     if getattr(q, "_global_amax", None) is not None or getattr(q, "is_nvfp4_static", False):
         return STATIC_BLOCK
     if amax is None:
-        return "no-amax"
-    return SCALAR if amax.numel() == 1 else f"shaped{tuple(amax.shape)}"
+        return NO_AMAX
+    if amax.numel() == 1:
+        return SCALAR
+    kind = configured_kind(q)
+    return kind if kind in (PER_BLOCK, PER_CHANNEL) else f"shaped{tuple(amax.shape)}"
+
+
+def configured_kind(q) -> str:
+    """The amax kind a weight quantizer's configuration makes, by ModelOpt's own predicates:
+    static NVFP4 blocks a per-block ``_amax`` and a ``_global_amax``; other static blocks a
+    per-block ``_amax``; MX blocks none (e8m0 scales computed at run time); dynamic NVFP4 blocks
+    and per-tensor formats one scalar amax; a per-channel axis one amax per channel."""
+    if q.is_nvfp4_static:
+        return STATIC_BLOCK
+    if q.is_static_block_quant:
+        return PER_BLOCK
+    if q.is_mx_format:
+        return NO_AMAX
+    if q.block_sizes or q.axis is None:
+        return SCALAR
+    return PER_CHANNEL
 
 
 def tensor_quantizers(model):

@@ -57,7 +57,7 @@ def save_stage(spec: StageSpec) -> dict:
     written = save_checkpoint(model, Path(spec.ckpt_dir), metadata, spec.validate_sharding)
     saved = record_saved_keys(rank, spec, written)
     clock.lap("save")
-    if _measures_logits(spec) and _reload_keeps_state(spec):
+    if _measures_logits(spec) and _reload_keeps_state(spec, kinds):
         # The checkpoint's own logits at the save topology: what every reshard must reproduce.
         # They differ from the saved model's where its replicas disagreed (see verify figures).
         # Read into a model built afresh, as a new process (every load stage, the jobs' next
@@ -116,20 +116,21 @@ def _measures_noise_floor(spec: StageSpec) -> bool:
     return on_cuda(spec.tier) and spec.topo.pp == 1
 
 
-def _reload_keeps_state(spec: StageSpec) -> bool:
+def _reload_keeps_state(spec: StageSpec, kinds: dict) -> bool:
     """Unpatched ModelOpt 0.47.0 drops per-expert amax of TEGroupedMLP on reload (the second
     bug, for the amax kinds its rule says), so such a checkpoint has no trustworthy reference
-    logits; nor has one whose recipe or kind has no rule."""
+    logits; nor has one whose routed experts' kinds (``kinds``: what the calibration made)
+    have no rule."""
     import modelopt
 
-    from harness.check.recipes import recipe_facts
     from harness.check.versions import behaviour_for
+    from harness.model.recipes import EXPERTS
 
     if spec.patch == Patch.FIX or spec.backend == Backend.LOCAL:
         return True
-    facts = recipe_facts(spec.recipe)
-    kind = behaviour_for(modelopt.__version__).kind_rule(facts.expert_kind if facts else None)
-    return kind is not None and not kind.lost_on_reload  # no rule: no trusted reference
+    behaviour = behaviour_for(modelopt.__version__)
+    rules = [behaviour.kind_rule(kind, EXPERTS) for kind in kinds.get(EXPERTS, ())]
+    return bool(rules) and all(r is not None and not r.lost_on_reload for r in rules)
 
 
 class CheckpointFormatError(RuntimeError):

@@ -18,7 +18,7 @@ from harness.tiers import Tier
 
 # Outcomes of a cell whose stages ran (skipped, blocked and interrupted ones did not run it).
 RAN = (Outcome.PASS, Outcome.BUG_REPRODUCED, Outcome.UNEXPECTED_FAILURE, Outcome.UNEXPECTED_PASS,
-       Outcome.RULE_UNKNOWN, Outcome.KNOWN_REFUSAL)
+       Outcome.RULE_UNKNOWN, Outcome.KNOWN_REFUSAL, Outcome.NOT_QUANTIZABLE)
 
 RUNS_DIR = COMMITTED_RUNS
 

@@ -25,7 +25,7 @@ EXIT_PASS = 0  # SAFE, or SAFE WITH PATCH with --patched: the job may leave quar
 EXIT_UNEXPECTED = 1  # UNEXPECTED FAILURE (the verdict's own non-zero code)
 EXIT_USAGE = 2  # unknown job, bad or mixed results files, a version that is no version
 EXIT_BLOCKED = 3  # BLOCKED, or SAFE WITH PATCH for a pipeline that does not apply the patch
-EXIT_UNDECIDED = 4  # INCOMPLETE, NO EVIDENCE, RULE UNKNOWN, no record of the pair: stay quarantined
+EXIT_UNDECIDED = 4  # INCOMPLETE, NO EVIDENCE, RULE UNKNOWN, NOT QUANTIZABLE, no record of the pair: stay quarantined
 
 # What each exit code means, as `verdict --help` and the README print it.
 EXIT_CODES = (

@@ -30,6 +30,7 @@ CATEGORIES = (
     ((Outcome.INTERRUPTED,), "interrupted (run stopped, not a result)", "INTR", "#9467bd"),
     ((Outcome.BUG_REPRODUCED,), "bug reproduced as expected", "BUG", "#ff9f1c"),
     ((Outcome.KNOWN_REFUSAL,), "known refusal, not the collision (docs/findings.md)", "REFUSED", "#e6c229"),
+    ((Outcome.NOT_QUANTIZABLE,), "not quantizable: ModelOpt refuses the recipe on this model", "NO QUANT", "#17becf"),
     ((Outcome.SKIPPED,), Outcome.SKIPPED, "SKIP", "#c7c7c7"),
     ((Outcome.PASS,), Outcome.PASS, "PASS", "#2ca02c"),
 )
@@ -231,7 +232,18 @@ def markdown_summary(results: Mapping[str, Any]) -> str:
             )
             + " |"
         )
-    return "\n".join(lines + _probe_lines(run.probes) + _topology_lines(order)) + "\n"
+    return "\n".join(lines + _probe_lines(run.probes) + _topology_lines(order)
+                     + _disagreement_lines(order)) + "\n"
+
+
+def _disagreement_lines(cells: list[CellRecord]) -> list[str]:
+    """Cells whose save recorded other amax kinds than the recipe's forecast: judged by what was
+    recorded, and said here so the forecast (harness/check/recipes.py) gets corrected."""
+    off = [r for r in cells if r.forecast_disagreement]
+    if not off:
+        return []
+    return ["", f"Forecast disagreements (judged by the kinds the save recorded): {len(off)}", "",
+            *(f"- {_md(r.cell_id)}: {_md(r.forecast_disagreement)}" for r in off)]
 
 
 def _topology_lines(cells: list[CellRecord]) -> list[str]:

@@ -12,6 +12,8 @@ save -> load cell). Per job and per modelopt version the verdict is one of:
   evidence is at hand.
 - ``INCOMPLETE``: the evidence at hand cannot decide (cells missing); nothing is guessed.
 - ``NO EVIDENCE``: every evidence cell was skipped (a GPU tier on a machine without a GPU).
+- ``NOT QUANTIZABLE``: ModelOpt refuses to quantize the model with the job's recipe (its
+  exception named): no checkpoint was written, so nothing about the bug can be decided.
 - ``UNEXPECTED FAILURE``: an evidence cell failed in a way the grid did not predict; the only
   verdict that makes ``main`` exit non-zero.
 
@@ -43,6 +45,8 @@ from harness.scenario.scenarios import load_all
 SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
 INCOMPLETE, NO_EVIDENCE, UNEXPECTED = "INCOMPLETE", "NO EVIDENCE", "UNEXPECTED FAILURE"
 NO_RULE = "RULE UNKNOWN"  # the (modelopt, megatron-core) pair has no rule: nothing to judge by
+# ModelOpt refuses to quantize the model with the job's recipe: nothing about checkpoints to judge
+NOT_QUANTIZABLE = "NOT QUANTIZABLE"
 UNDECIDED = (INCOMPLETE, NO_EVIDENCE)  # summarised once per job, not once per results file
 MISSING = "missing"  # an evidence cell no results file holds
 NOT_RUN = (MISSING, Outcome.SKIPPED, Outcome.INTERRUPTED)  # evidence that says nothing
@@ -85,15 +89,6 @@ class Verdict:
 Record = CellRecord | Mapping[str, Any]  # a results.json cell, read by CellRecord.of
 
 
-def expected_for(cell: Cell, rec: Record) -> str:
-    """The cell's expectation under the (modelopt, megatron-core) pair that produced ``rec``;
-    records from before pairs were recorded ran on the reference megatron-core."""
-    from harness.check.versions import rules_for
-
-    rec = with_pair(rec)
-    return cell.expected_under(rules_for(rec.modelopt, rec.mcore))
-
-
 def with_pair(rec: Record) -> CellRecord:
     """``rec`` naming its (modelopt, megatron-core) pair. A record that names no modelopt
     predates per-cell versions (2026-12-02): every such run had the then-pinned pair, 0.47.0 +
@@ -113,16 +108,12 @@ def pair_of(rec: Record) -> str:
     return f"{rec.modelopt} + mcore {rec.mcore or REFERENCE_MCORE}"
 
 
-def _note(cell: Cell, rec: CellRecord | None) -> str:
+def _note(rec: CellRecord | None) -> str:
+    """What a reader needs of a re-judged record: its cause, its notice, and where the save's
+    kinds disagreed with the recipe's forecast."""
     if rec is None:
         return ""
-    parts = [cause(rec)] if cause(rec) else []
-    if rec.notice:
-        parts.append(rec.notice)
-    now = expected_for(cell, rec)
-    if rec.expected and rec.expected != now:
-        parts.append(f"recorded expecting {rec.expected}; the grid now expects {now}")
-    return "; ".join(parts)
+    return "; ".join(x for x in (cause(rec), rec.notice, rec.forecast_disagreement) if x)
 
 
 def rejudged(cell: Cell, rec: Record | None) -> tuple[CellRecord | None, str]:
@@ -136,10 +127,30 @@ def rejudged(cell: Cell, rec: Record | None) -> tuple[CellRecord | None, str]:
     if rec.outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED):
         return rec, ""
     new = CellRecord.from_json(rejudge_record(with_pair(rec), cell.plan))
-    if new.outcome == rec.outcome:
-        return new, ""
-    return new, (f"recorded as {rec.outcome}; re-judged {new.outcome} under the current rules: "
-                 f"{change_reason(rec, new)}")
+    parts = []
+    if new.outcome != rec.outcome:
+        parts.append(f"recorded as {rec.outcome}; re-judged {new.outcome} under the current rules: "
+                     f"{change_reason(rec, new)}")
+    elif rec.expected and rec.expected != new.expected:
+        parts.append(f"recorded expecting {rec.expected}; the grid now expects {new.expected}")
+    return new, "; ".join(parts)
+
+
+MODEL_NOT_RECORDED = "its model is not recorded (a record before the field): taken as the profile's"
+
+
+def of_the_profile(cell: Cell, rec: CellRecord | None, note: str) -> tuple[CellRecord | None, str]:
+    """``rec`` when the model it recorded is the one the profile's scenario builds; otherwise no
+    evidence (None), and the note names the difference. A record made before models were
+    recorded is taken as today, and the note says so."""
+    if rec is None or rec.outcome in NOT_RUN:
+        return rec, note
+    if rec.model is None:
+        return rec, "; ".join(x for x in (note, MODEL_NOT_RECORDED) if x)
+    diff = cell.scenario.size.difference(rec.model)
+    if diff is None:
+        return rec, note
+    return None, f"not evidence for this profile: its model differs ({diff})"
 
 
 def change_reason(old: Record, new: Record) -> str:
@@ -177,9 +188,10 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     for role, cells in ((Role.WITNESS, witness), (Role.FIX, fix)):
         for c in cells:
             rec, notes[c.id] = rejudged(c, None if c.id in stopped else records.get(c.id))
+            rec, notes[c.id] = of_the_profile(c, rec, notes[c.id])
             rows.append((c, role, rec))
     evidence = [Evidence(c.id, role, r.outcome if r else Outcome.INTERRUPTED if c.id in stopped else MISSING,
-                         "; ".join(x for x in (notes[c.id], _note(c, r)) if x))
+                         "; ".join(x for x in (notes[c.id], _note(r)) if x))
                 for c, role, r in rows]
     tier = (witness or fix)[0].scenario.tier
     # A known refusal (not the collision) keeps a job safe at the shapes that pass, and is said.
@@ -196,11 +208,14 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     bad = [e.cell_id for e in evidence if e.outcome == Outcome.UNEXPECTED_FAILURE]
     if bad:
         return v(UNEXPECTED, f"{len(bad)} evidence cell(s) failed unexpectedly: {', '.join(bad)}")
+    unquantized = [r for _, _, r in rows if r and r.outcome == Outcome.NOT_QUANTIZABLE]
+    if unquantized:
+        return v(NOT_QUANTIZABLE, f"{len(unquantized)} evidence cell(s): {unquantized[0].reason}")
     unruled = [e.cell_id for e in evidence if e.outcome == Outcome.RULE_UNKNOWN]
     if unruled:
         first = next(r for _, _, r in rows if r and r.outcome == Outcome.RULE_UNKNOWN)
-        why = (first.notice or "").strip() or (f"no rule for the pair {pair_of(first)} "
-                                                "(harness/check/versions.py)")
+        why = f"under {pair_of(first)}: " + ((first.notice or "").strip()
+                                             or "no rule for the pair (harness/check/versions.py)")
         return v(NO_RULE, f"{len(unruled)} evidence cell(s) ran without a prediction "
                           f"({', '.join(unruled)}): {why}")
     present = [r for _, _, r in rows if r]

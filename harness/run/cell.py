@@ -22,7 +22,7 @@ from harness.paths import GOLDEN_DIR, RunDir, SaveDir
 from harness.rank.spec import StageSpec
 from harness.records import CellRecord, Stage, StageResult
 from harness.run.results import write_record
-from harness.run.saved import verified_save
+from harness.run.saved import checkpoint_amax_keys, verified_save
 from harness.scenario.cells import Cell
 from harness.tiers import StageMode, facts
 
@@ -105,7 +105,7 @@ def prepare_golden(name: str, save: SaveDir | Path, golden_root: Path = GOLDEN_D
                f"{sum(len(v) for v in layout.missing.values())} expert amax missing; "
                f"expected state {exp.summary()}")
     return StageResult(stage=Stage.GOLDEN, ok=True, wall_s=round(time.monotonic() - start, 2),
-                       summary=summary,
+                       summary=summary, amax_keys=checkpoint_amax_keys(save.ckpt),
                        rank_results={"0": {"layout": layout.as_json(), "expected": exp.summary()}})
 
 
@@ -139,39 +139,47 @@ def _tier_env(tier: str, shared_gpu_nccl: bool = False) -> dict:
     return env
 
 
-def new_record(cell: Cell) -> CellRecord:
+def new_record(cell: Cell, decision: judge.CellDecision | None = None) -> CellRecord:
+    """The cell's record before its stages run, with the controller's decision (worked out here
+    when not given)."""
     s = cell.scenario
     rec = CellRecord(
         scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
         save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
         patch=s.patch, expected="", modelopt=installed_modelopt(), stage_mode=stage_mode(s.tier),
-        recipe=s.recipe, timed_out=False,
+        recipe=s.recipe, timed_out=False, model=s.size.record(),
     )
     if s.shared_gpu_nccl:  # said in the record and the report, never a silent stand-in
         from harness.rank.shared_gpu import describe
         from harness.machine import gpu_count
 
         rec.nccl_mode = describe(cell.world, gpu_count())
-    judge.under_version(rec, cell.plan, None)
+    judge.note_decision(rec, decision or controller_decision(cell))
     return rec
+
+
+def controller_decision(cell: Cell) -> judge.CellDecision:
+    """The cell's decision under the pair installed here, from the recipe's forecast: what it
+    is expected to do before any stage runs, and whether it runs at all."""
+    return judge.decide(cell.plan, installed_modelopt(), None)
 
 
 def run_cell(cell: Cell, run_dir: RunDir | Path) -> CellRecord:
     """Run what the cell needs (nothing when stopped or when the installed modelopt cannot run
     it), note the stages' durations, then judge it once (harness/check/judge.py judge_cell)."""
     run = RunDir.of(run_dir)
-    rec = new_record(cell)
+    decision = controller_decision(cell)
+    rec = new_record(cell, decision)
     save = load = None
     stopped = shutdown_signal()
-    if not stopped and not judge.version_skip_reason(cell.plan, judge.rules_for(rec.modelopt, rec.mcore),
-                                                  rec.modelopt, rec.mcore):
+    if not stopped and not decision.skip:
         save = run_save(cell, run)
         _note_stage(rec, Stage.SAVE, save)
         if cell.load is not None and save.ok and not save.interrupted:
             spec = _spec(cell, Stage.LOAD, cell.load, run.save(cell.save_id))
             load = _launch(spec, run.stage(cell.id, Stage.LOAD), cell, run)
             _note_stage(rec, Stage.LOAD, load)
-    judge.judge_cell(rec, cell.plan, save, load, stopped)
+    rec = judge.judge_cell(rec, cell.plan, save, load, stopped, decision)
     write_record(rec, run.record(cell.id))
     return rec
 

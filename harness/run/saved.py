@@ -16,6 +16,17 @@ from pathlib import Path
 from harness.paths import SaveDir
 from harness.records import CauseKind, StageCause, StageResult
 
+def checkpoint_amax_keys(ckpt: Path) -> dict | None:
+    """The quantizer amax keys of a checkpoint per module family, from its metadata."""
+    from harness.check.keys import amax_key_counts
+    from harness.golden.storage import NotACheckpoint, read_metadata
+
+    try:
+        return amax_key_counts(read_metadata(ckpt)[1])
+    except NotACheckpoint:
+        return None
+
+
 def save_problems(save: SaveDir, result: StageResult, topology: str, world: int) -> list[str]:
     """Why ``result`` (a save stage that passed) is no evidence of a checkpoint at ``topology``
     of ``world`` ranks; [] when it is."""
@@ -47,13 +58,14 @@ def save_problems(save: SaveDir, result: StageResult, topology: str, world: int)
 
 
 def verified_save(save: SaveDir, result: StageResult, topology: str, world: int) -> StageResult:
-    """``result`` when it is not a pass or its checkpoint holds what it claims; otherwise the
-    same stage as failed, its cause the first problem (every problem in the message)."""
+    """``result`` with the amax keys its checkpoint holds (per family) when it is not a pass or
+    its checkpoint holds what it claims; otherwise the same stage as failed, its cause the first
+    problem (every problem in the message)."""
     if not result.ok:
         return result
     problems = save_problems(save, result, topology, world)
     if not problems:
-        return result
+        return replace(result, amax_keys=checkpoint_amax_keys(save.ckpt))
     cause = StageCause(rank=None, kind=CauseKind.UNVERIFIED_SAVE, exc_type="SaveNotVerified",
                        message="; ".join(problems), key=None)
     summary = (f"{result.stage}: FAILED: the save reported success without the checkpoint it "

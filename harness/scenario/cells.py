@@ -11,7 +11,7 @@ from harness.check.gaps import KnownGap, known_gaps
 from harness.check.plan import CellPlan
 from harness.model.checkpoint import DEFAULT_STRICTNESS
 from harness.model.gpt import ModelSize, default_size
-from harness.model.recipes import DEFAULT_RECIPE
+from harness.model.recipes import DEFAULT_RECIPE, model_families
 from harness.paths import GOLDEN_DIR, shown_path
 from harness.records import ExpectMode, Patch
 from harness.scenario.goldens import golden_layout, golden_topology
@@ -129,6 +129,7 @@ class Cell:
             num_experts=s.size.num_experts, golden=self.golden, golden_layout=layout,
             golden_ckpt=s.golden_root / self.golden / "ckpt" if self.golden else None,
             known_gaps=known_gaps(s),
+            families=model_families(s.size.moe_shared_expert_intermediate_size is not None),
         )
 
     @property

@@ -165,7 +165,7 @@ def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]]) ->
         return [f"recipe: {recipe.label} calibrates static NVFP4 experts, whose fake quantization "
                 f"runs on CUDA only: tiers gpu-shared and gpu, not {tier}"]
     kind = behaviour_for(installed_modelopt()).kind_rule(facts.expert_kind) if facts else None
-    refusal = kind.save_refused_at_etp_gt1 if kind else None
+    refusal = kind.save_refused_split if kind else None
     return [f"{key}: {t.id}: recipe {recipe.label} calibrates static NVFP4 experts, which "
             f"nvidia-modelopt refuses at expert TP > 1 ({refusal}); save at etp1"
             for key, t in saved if refusal and t.etp > 1]

@@ -1,0 +1,83 @@
+"""A cell's decision under one (ModelOpt, megatron-core) pair and one set of amax kinds: its
+expectation, notice and skip reason, worked out once into a frozen ``CellDecision``.
+
+Why: the expectation used to be worked out wherever it was needed (the new record, the skip
+check, each stage, the verdict's note), up to four times per cell, and each route could read
+other facts. Now the controller decides once before the stages run (the forecast's kinds) and
+the judge (harness/check/judge.py ``judge_cell``) reuses that decision unless the ranks imported
+another pair or the save recorded other kinds: then those decide, once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.check import versions
+from harness.check.expectation import Kinds, expectation, kinds_for
+from harness.check.plan import CellPlan
+from harness.check.recipes import disagreement, forecast
+from harness.check.versions import Behaviour, installed_mcore, plugin_problem
+from harness.records import Patch
+from harness.tiers import on_cuda
+
+
+@dataclass(frozen=True)
+class CellDecision:
+    """What a cell is expected to do, and why, under one pair and one set of amax kinds."""
+
+    modelopt: str | None
+    mcore: str | None
+    behaviour: Behaviour
+    expected: str
+    notice: str | None  # why nothing is predicted (rule-unknown), in one line; else None
+    skip: str | None  # why the pair cannot run the cell meaningfully, or None
+    kinds: Kinds | None  # the kinds that decided: what the save recorded, else the forecast
+    forecast_disagreement: str | None = None
+
+    @property
+    def expectations(self) -> str:
+        return self.behaviour.label
+
+    def holds_for(self, modelopt: str | None, mcore: str | None, recorded: Kinds | None) -> bool:
+        """Whether this decision is the one for that pair and those recorded kinds."""
+        return ((modelopt, mcore) == (self.modelopt, self.mcore)
+                and (not recorded or recorded == self.kinds))
+
+
+def decide(plan: CellPlan, modelopt: str | None, mcore: str | None,
+           recorded: Kinds | None = None) -> CellDecision:
+    """The one computation of a cell's expectation, notice and skip reason under the pair
+    (``mcore`` None: the installed megatron-core) and the kinds that decide."""
+    mcore = mcore or installed_mcore()
+    behaviour = versions.rules_for(modelopt, mcore)
+    kinds = kinds_for(plan, recorded)
+    word, why = expectation(plan, behaviour, kinds)
+    return CellDecision(
+        modelopt=modelopt, mcore=mcore, behaviour=behaviour, expected=word,
+        notice=behaviour.notice(modelopt, mcore) or why, kinds=kinds,
+        skip=version_skip_reason(plan, behaviour, modelopt, mcore),
+        forecast_disagreement=disagreement(plan.recipe, forecast(plan.recipe, plan.families), recorded),
+    )
+
+
+def version_skip_reason(cell: CellPlan, behaviour, modelopt: str | None,
+                        mcore: str | None = None) -> str | None:
+    """Why the pair (default megatron-core: the installed one) cannot run this cell meaningfully,
+    or None."""
+    mcore = mcore or installed_mcore()
+    if cell.patch == Patch.FIX and not behaviour.fix_applies:
+        from harness.fix import SUPPORTED_MCORE_VERSIONS, SUPPORTED_MODELOPT_VERSION
+
+        return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only, "
+                f"with megatron-core {'/'.join(SUPPORTED_MCORE_VERSIONS)}; {modelopt} is "
+                f"installed with megatron-core {mcore} (a fixed release needs no "
+                "patch: see the unpatched scenarios)")
+    if not on_cuda(cell.tier) and (behaviour.plugin_needs_te or not behaviour.known):
+        return plugin_problem()
+    if cell.golden:  # a golden in a torch_dist format this megatron-core cannot read
+        from harness.paths import shown_path
+
+        ckpt = cell.golden_ckpt
+        problem = versions.common_pt_problem(ckpt, mcore, shown=shown_path(ckpt))
+        if problem:
+            return f"golden not loadable here: {problem}"
+    return None
