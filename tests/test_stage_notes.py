@@ -56,3 +56,29 @@ def test_a_stage_past_its_limit_is_noted_as_a_fact_of_the_cell():
     assert rec.timed_out is False and rec.as_dict()["timed_out"] is False
     _note_stage(rec, "load", StageResult(stage="load", ok=False, wall_s=300.0, timed_out=True))
     assert rec.timed_out is True
+
+
+def test_the_peaks_scope_is_kept_as_a_word_not_summed():
+    rec = CellRecord(scenario="s", cell_id="c", tier="cpu", backend="local",
+                     save_topology="tp1-etp1-ep2-pp1", load_topology=None, patch="none", expected="pass")
+    stage = StageResult(stage="load", ok=True, wall_s=1.0, rank_results={
+        str(r): {"memory": {"rss_peak_mib": 100.0 + r, "rss_peak_scope": "since-reset"}} for r in range(2)})
+    _note_stage(rec, "load", stage)
+    assert rec.memory["load"] == {"ranks": 2, "rss_peak_mib_max": 101.0, "rss_peak_mib_sum": 201.0,
+                                  "rss_peak_scope": "since-reset"}
+
+
+def test_a_stage_reports_its_own_host_peak_not_its_predecessors():
+    """Issue 55: a warm pool rank runs stage after stage; getrusage's peak is its whole life's.
+    After reset_peak_memory (rank/serve.py, before every stage but the first) the peak is the
+    stage's own: 300 MiB touched before the reset are not in it."""
+    from harness.rank.setup import peak_memory, reset_peak_memory
+
+    before = bytearray(300 * 2**20)
+    before[::4096] = b"\1" * len(before[::4096])  # touch every page: resident
+    high = peak_memory()["rss_peak_mib"]
+    del before
+    reset_peak_memory()
+    after = peak_memory()
+    assert after["rss_peak_scope"] == "since-reset"
+    assert after["rss_peak_mib"] < high - 250, (high, after)

@@ -158,6 +158,10 @@ def run_job(rank: int, pool_dir: Path, job: dict, preloaded_at: float | None = N
     limit_s = max(1.0, float(job["deadline"]) - time.time())
     _job_env(job, limit_s)
     guard.enter_stage(rank, sd, limit_s)
+    if job["seq"] > 1:  # the first stage's peak includes the imports, as a fresh rank's does
+        from harness.rank.setup import reset_peak_memory
+
+        reset_peak_memory()
     result = _with_preload(guard.guarded(stage, rank, sd, lambda: _body(job)), preloaded_at)
     guard.guarded(stage, rank, sd, lambda: (guard.write_result(rank, sd, result), reset()))
     del result

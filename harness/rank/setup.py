@@ -66,12 +66,38 @@ class Clock:
         self.t = now
 
 
-def peak_memory() -> dict:
-    """This rank's peak host RSS and, on a GPU, the peak memory its CUDA caching allocator
-    reserved (the CUDA context itself, a few hundred MiB per process, is not included)."""
-    import resource
+PROC_STATUS = Path("/proc/self/status")
+CLEAR_REFS = Path("/proc/self/clear_refs")  # "5" resets the kernel's peak RSS (VmHWM), Linux >= 4.0
 
-    out = {"rss_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+def reset_peak_memory() -> None:
+    """Start this process's peaks over: host RSS (the kernel's high-water mark) and the CUDA
+    caching allocator's. A warm pool rank calls it before each stage (rank/serve.py), so a stage
+    reports its own peak, not its predecessors' (a pooled rank's getrusage peak is its whole
+    life's, and the allocator's peak is never reset by itself)."""
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        pass  # no such file (not Linux) or not allowed: peak_memory says which peak it read
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory() -> dict:
+    """This rank's peak host RSS since its last ``reset_peak_memory`` (the kernel's VmHWM; where
+    /proc has none, getrusage's, over the process's life: ``rss_peak_scope`` says which) and, on
+    a GPU, the peak memory its CUDA caching allocator reserved (the CUDA context itself, a few
+    hundred MiB per process, is not included)."""
+    import re
+
+    try:
+        kib = int(re.search(r"^VmHWM:\s+(\d+) kB", PROC_STATUS.read_text(), re.M).group(1))
+        out = {"rss_peak_mib": round(kib / 1024, 1), "rss_peak_scope": "since-reset"}
+    except (OSError, AttributeError):
+        import resource
+
+        out = {"rss_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+               "rss_peak_scope": "process"}
     if torch.cuda.is_available():
         out["gpu_peak_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
     return out

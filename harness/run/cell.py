@@ -206,4 +206,7 @@ def _note_stage(rec: CellRecord, which: str, stage: StageResult) -> None:
         rec.memory[which] = {"ranks": len(peaks)}
         for key in sorted({k for p in peaks for k in p}):
             values = [p[key] for p in peaks if key in p]
-            rec.memory[which].update({f"{key}_max": max(values), f"{key}_sum": round(sum(values), 1)})
+            if all(isinstance(v, (int, float)) for v in values):
+                rec.memory[which].update({f"{key}_max": max(values), f"{key}_sum": round(sum(values), 1)})
+            else:  # a word (rss_peak_scope): the ranks' words, once each
+                rec.memory[which][key] = "/".join(sorted(set(map(str, values))))
