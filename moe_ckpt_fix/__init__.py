@@ -11,22 +11,49 @@ below, stops the process with one line on stderr). In code::
     import moe_ckpt_fix; moe_ckpt_fix.apply()    # before building/loading the model
 
 The harness imports this package as ``harness.fix`` (the same module object). The same change,
-as a diff against the 0.47.0 sources, is ``patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff``
-in that repository.
+as diffs against the 0.47.0 sources, is ``patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff``
+(parts a-c) and ``patches/nvidia-modelopt-0.47.0-static-block-expert-tp.diff`` (part f) in that
+repository.
 
-The fix is tied to one exact modelopt version because it wraps private methods whose bodies it
-relies on; any other version is refused rather than patched blindly. This package imports
-neither torch nor modelopt until ``apply()`` runs, and nothing of the harness ever.
+The fix is tied to exact modelopt versions because it wraps private methods whose bodies it
+relies on; any other version is refused rather than patched blindly. 0.47.0 gets every part
+(a-f) and is proven on a GPU. 0.48.0rc1 (which fixed a-e itself) gets part (f) only, static NVFP4
+experts across expert TP, and is NOT YET PROVEN ON A GPU: it is applied only when asked for by
+name (``apply(allow_unproven=True)`` or ``MOE_CKPT_FIX_UNPROVEN=0.48.0rc1``), else refused. This
+package imports neither torch nor modelopt until ``apply()`` runs, and nothing of the harness
+ever.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"  # the wheel's version (tools/fix-wheel/pyproject.toml reads it)
+import os
+
+__version__ = "0.2.0"  # the wheel's version (tools/fix-wheel/pyproject.toml reads it)
 DISTRIBUTION = "moe-ckpt-fix"
 WHEEL = f"moe_ckpt_fix-{__version__}-py3-none-any.whl"  # what `make fix-wheel` writes into dist/
 # The whole change to a job's pipeline (README "Using the fix"; the gate's next step names it).
 JOB_CHANGE = f"pip install --no-deps {WHEEL} and MOE_CKPT_FIX=1 in the job's environment"
 
-SUPPORTED_MODELOPT_VERSION = "0.47.0"
+SUPPORTED_MODELOPT_VERSION = "0.47.0"  # every part, proven on a GPU
+# Versions this package has a part for that no GPU run has proven yet: applied only when asked
+# for by name (``apply(allow_unproven=True)``, or UNPROVEN_VAR set to the version), else refused.
+# A version moves to the proven ones when a GPU record of its cells exists (docs/fix.md).
+UNPROVEN_MODELOPT_VERSIONS = {
+    "0.48.0rc1": "part (f) only (static NVFP4 experts across expert TP; 0.48.0rc1 has a-e "
+                 "itself), not yet proven on a GPU",
+}
+# Parts this package has that no GPU run has proven yet: installed only when asked for by name
+# (UNPROVEN_VAR lists them, commas between; the harness asks, its GPU cells are the proof), so a
+# job that sets only MOE_CKPT_FIX=1 runs exactly what its GPU evidence covers.
+UNPROVEN_PARTS = {
+    "static-block": "part (f), static NVFP4 expert block amax across expert TP (issue 54): tested "
+                    "on the cpu tier with real megatron-core, not yet proven on a GPU",
+}
+UNPROVEN_VAR = "MOE_CKPT_FIX_UNPROVEN"  # e.g. "static-block" or "0.48.0rc1,static-block"
+
+
+def asked_for(word: str) -> bool:
+    """Whether UNPROVEN_VAR names ``word`` (a version or a part of UNPROVEN_PARTS)."""
+    return word in {w.strip() for w in os.environ.get(UNPROVEN_VAR, "").split(",")}
 # Where its premise holds (per-expert amax take the DENSE TP rank: megatron-core >= 0.16, no
 # expert_dist_ckpt_decorator); 0.19.2 is checked on the GPU, 0.16.x by the same source lines.
 SUPPORTED_MCORE_VERSIONS = ("0.16.0", "0.16.1", "0.19.2")
@@ -54,34 +81,58 @@ def _installed_modelopt_version() -> str | None:
         return None
 
 
-def apply() -> str:
+def apply(allow_unproven: bool = False) -> str:
     """Patch the installed nvidia-modelopt in this process; idempotent.
 
     Returns a short description of what is patched. Raises ``UnsupportedModeloptVersion`` on any
-    nvidia-modelopt other than 0.47.0 and ``TransformerEngineMissing`` when Transformer Engine is
-    not importable (the TEGroupedMLP plugin classes then do not exist, and neither does the bug).
+    nvidia-modelopt but 0.47.0, or one of ``UNPROVEN_MODELOPT_VERSIONS`` asked for by name
+    (``allow_unproven``, or ``MOE_CKPT_FIX_UNPROVEN=<version>``), and ``TransformerEngineMissing``
+    when Transformer Engine is not importable (the TEGroupedMLP plugin classes then do not exist,
+    and neither does the bug).
     """
+    global _applied_version
     installed = _installed_modelopt_version()
-    if installed != SUPPORTED_MODELOPT_VERSION:
+    asked = allow_unproven or asked_for(installed or "")
+    if installed != SUPPORTED_MODELOPT_VERSION and not (installed in UNPROVEN_MODELOPT_VERSIONS and asked):
+        unproven = UNPROVEN_MODELOPT_VERSIONS.get(installed)
         raise UnsupportedModeloptVersion(
             f"moe_ckpt_fix supports nvidia-modelopt=={SUPPORTED_MODELOPT_VERSION} only, but "
             f"{'nvidia-modelopt is not installed' if installed is None else f'{installed} is installed'}. "
-            "Nothing was patched. If the installed version already contains the upstream fix "
-            "(NVIDIA/Model-Optimizer #2209), do not apply this one; otherwise port "
-            "patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff of the moe-ckpt-harness "
-            "repository to it."
+            "Nothing was patched. "
+            + (f"For {installed} this package has {unproven}: set {UNPROVEN_VAR}={installed} "
+               "(or call apply(allow_unproven=True)) to apply it anyway."
+               if unproven else
+               "If the installed version already contains the upstream fix "
+               "(NVIDIA/Model-Optimizer #2209), do not apply this one; otherwise port "
+               "patches/nvidia-modelopt-0.47.0-expert-amax-resharding.diff of the moe-ckpt-harness "
+               "repository to it.")
         )
     mcore = _installed_mcore_version()
     if (mcore or "").split("+")[0] not in SUPPORTED_MCORE_VERSIONS:
         raise UnsupportedModeloptVersion(
-            f"moe_ckpt_fix applies to nvidia-modelopt 0.47.0 with megatron-core "
+            f"moe_ckpt_fix applies to nvidia-modelopt {installed} with megatron-core "
             f"{' or '.join(SUPPORTED_MCORE_VERSIONS)} only, but megatron-core {mcore} is installed; "
             "nothing was patched (megatron-core < 0.16 already gives expert amax the expert-TP "
             "rank, and collides on the shared input_quantizer amax instead, which this fix does "
             "not touch: harness/check/versions.py of the moe-ckpt-harness repository)")
-    from . import modelopt_0_47_0
+    if installed == SUPPORTED_MODELOPT_VERSION:
+        from . import modelopt_0_47_0 as patcher
+    else:
+        from . import modelopt_0_48_0rc1 as patcher
+    # 0.48.0rc1 has only part (f), asked for with its version; on 0.47.0 it is a part of its own
+    description = patcher.apply(static=allow_unproven or asked_for("static-block")) \
+        if installed == SUPPORTED_MODELOPT_VERSION else patcher.apply()
+    _applied_version = __version__
+    return description
 
-    return modelopt_0_47_0.apply()
+
+def applied() -> str | None:
+    """This package's version once ``apply()`` has patched this process, else None (what a
+    record of the run names as the fix that ran)."""
+    return _applied_version
+
+
+_applied_version: str | None = None
 
 
 def _installed_mcore_version() -> str | None:
@@ -98,10 +149,15 @@ __all__ = [
     "JOB_CHANGE",
     "SUPPORTED_MCORE_VERSIONS",
     "SUPPORTED_MODELOPT_VERSION",
+    "UNPROVEN_MODELOPT_VERSIONS",
+    "UNPROVEN_PARTS",
+    "asked_for",
+    "UNPROVEN_VAR",
     "WHEEL",
     "Refused",
     "TransformerEngineMissing",
     "UnsupportedModeloptVersion",
     "__version__",
+    "applied",
     "apply",
 ]

@@ -28,6 +28,9 @@ d., e. back-compat loading of older checkpoints (ModelOpt <= 0.46 shared weight-
    amax; 0.47.0 checkpoints with experts' amax missing): moe_ckpt_fix/legacy_load.py. These
    are runtime-only (e wraps megatron-core's ``dist_checkpointing.load``); the upstream diff
    under patches/ carries a-c.
+f. static NVFP4 expert weights across expert TP (the block ``_amax`` saved whole in ModelOpt's
+   ETP-1 format and cut to the rank's part at the load, calibration at expert TP > 1): moe_ckpt_fix/static_block.py, shared with 0.48.0rc1; its
+   upstream diff is patches/nvidia-modelopt-0.47.0-static-block-expert-tp.diff.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ import functools
 import inspect
 import re
 
-from . import Refused, TransformerEngineMissing, legacy_load
+from . import Refused, TransformerEngineMissing, legacy_load, static_block
 
 _MARK = "__moe_ckpt_fix__"  # set on every function this module installs (idempotency)
 # Keys of the per-expert state dicts that (a) targets: "{gemm_idx}.weight_quantizer.{sub}".
@@ -56,16 +59,8 @@ def expert_tp_dp_groups(module) -> tuple:
     (``pg_collection.expt_tp``) and rewrites the DP part of replica_id to ``pg_collection.expt_dp``.
     ``metadata['dp_cp_group']`` is the DENSE DP group, so it is not used here.
     """
-    pgc = getattr(module, "_pg_collection", None)
-    etp = getattr(module, "_tp_group", None)
-    if etp is None and pgc is not None:
-        etp = pgc.expt_tp
-    if etp is None:
-        import megatron.core.parallel_state as mpu
-
-        etp = mpu.get_expert_tensor_parallel_group()
     _, edp = module._expert_parallel_groups()  # modelopt's own (ep, expt_dp) lookup
-    return etp, edp
+    return static_block.expert_tp_group(module), edp
 
 
 @contextlib.contextmanager
@@ -194,8 +189,10 @@ def _require_calls(func, names, what):
         )
 
 
-def apply() -> str:
-    """Install (a), (b), (c). Called through ``moe_ckpt_fix.apply()`` after the version check."""
+def apply(static: bool = False) -> str:
+    """Install (a) to (e), and (f) when ``static`` (it is not proven on a GPU yet: asked for by
+    name, moe_ckpt_fix.UNPROVEN_PARTS). Called through ``moe_ckpt_fix.apply()`` after the
+    version check."""
     global _applied
     if _applied is not None:
         return _applied
@@ -221,6 +218,7 @@ def apply() -> str:
                    "_ParallelLinear.modelopt_post_restore")
 
     # Wrap before installing anything, so a failure leaves modelopt untouched.
+    install_static = static_block.prepare(mp) if static else None
     new_make = mp.make_sharded_tensors_for_checkpoint
     if not getattr(new_make, _MARK, False):
         new_make = wrap_make_sharded_tensors(new_make)
@@ -242,6 +240,9 @@ def apply() -> str:
     # quantize / restore time, after this apply()).
     mp.quant_module_set_extra_state = new_extra
     legacy_load.install_dist_load()
+    static = install_static() if install_static else (
+        "(f) not applied: static NVFP4 expert block amax across expert TP is opt-in until a GPU "
+        "run proves it (MOE_CKPT_FIX_UNPROVEN=static-block)")
 
     _applied = (
         "nvidia-modelopt 0.47.0 patched (moe_ckpt_fix): "
@@ -250,6 +251,7 @@ def apply() -> str:
         "(b) _ParallelLinear.modelopt_post_restore keeps every GroupedQuantizer member's amax; "
         "(c) _MegatronRowParallelLinear._get_shard_axis_dict resolves every weight_quantizer.{i}; "
         "(d, e) older checkpoints load: a pre-0.47 shared weight-quantizer amax goes to every "
-        "expert, an expert amax missing from the checkpoint is re-derived by max calibration"
+        "expert, an expert amax missing from the checkpoint is re-derived by max calibration; "
+        + static
     )
     return _applied

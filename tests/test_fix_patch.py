@@ -27,6 +27,8 @@ from tests.helpers import bounded
 
 REPO = Path(__file__).resolve().parents[1]
 DIFF = REPO / "patches" / "nvidia-modelopt-0.47.0-expert-amax-resharding.diff"
+# Part (f), static NVFP4 experts across expert TP: applied after DIFF (patches/README.md).
+STATIC_DIFF = REPO / "patches" / "nvidia-modelopt-0.47.0-static-block-expert-tp.diff"
 AUTOLOAD = REPO / "harness" / "fix" / "autoload"
 
 pytestmark = pytest.mark.cpu
@@ -46,28 +48,184 @@ def _te_importable() -> bool:
     return True
 
 
-# --- the diff -------------------------------------------------------------------------------------
-def test_diff_applies_to_installed_0_47_0_and_compiles(tmp_path):
+# --- the diffs ------------------------------------------------------------------------------------
+def _diff_files(diff: Path) -> list[str]:
+    return sorted({line[6:].split("\t")[0] for line in diff.read_text().splitlines()
+                   if line.startswith("+++ b/")})
+
+
+def apply_diffs(dest: Path, *diffs: Path) -> list[str]:
+    """Copy the installed 0.47.0 files the diffs touch into ``dest`` and apply the diffs in
+    order with ``patch -p1`` (a dry run first), each without offset or fuzz; the files."""
     assert fix._installed_modelopt_version() == "0.47.0", "this test needs the pinned modelopt"
-    files = sorted(
-        {line[6:].split("\t")[0] for line in DIFF.read_text().splitlines() if line.startswith("+++ b/")}
-    )
-    assert files == [
+    files = sorted({f for d in diffs for f in _diff_files(d)})
+    for rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(_site_packages() / rel, dest / rel)
+    patch = shutil.which("patch")
+    assert patch, "the `patch` binary is needed (apt-get install patch)"
+    for diff in diffs:
+        for extra in (["--dry-run"], []):
+            r = bounded([patch, "-p1", "--forward", "--batch", *extra, "-i", str(diff)], 60, cwd=dest)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "offset" not in r.stdout and "fuzz" not in r.stdout, r.stdout
+    return files
+
+
+def test_diff_applies_to_installed_0_47_0_and_compiles(tmp_path):
+    assert _diff_files(DIFF) == [
         "modelopt/torch/quantization/plugins/custom.py",
         "modelopt/torch/quantization/plugins/megatron.py",
     ]
-    for rel in files:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(_site_packages() / rel, tmp_path / rel)
-    patch = shutil.which("patch")
-    assert patch, "the `patch` binary is needed (apt-get install patch)"
-    for extra in (["--dry-run"], []):
-        r = bounded([patch, "-p1", "--forward", "--batch", *extra, "-i", str(DIFF)], 60, cwd=tmp_path)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "offset" not in r.stdout and "fuzz" not in r.stdout, r.stdout
-    for rel in files:
+    for rel in apply_diffs(tmp_path, DIFF):
         py_compile.compile(str(tmp_path / rel), doraise=True)
         assert (tmp_path / rel).read_text() != (_site_packages() / rel).read_text()
+
+
+def test_static_block_diff_applies_after_the_first_and_compiles(tmp_path):
+    assert _diff_files(STATIC_DIFF) == [
+        "modelopt/torch/quantization/model_calib.py",
+        "modelopt/torch/quantization/plugins/megatron.py",
+    ]
+    for rel in apply_diffs(tmp_path, DIFF, STATIC_DIFF):
+        py_compile.compile(str(tmp_path / rel), doraise=True)
+        assert (tmp_path / rel).read_text() != (_site_packages() / rel).read_text()
+
+
+def _patched_functions(path: Path, names: list[str]) -> dict:
+    """The module-level functions ``names`` of a patched plugins/megatron.py, run with that
+    file's own imports (its TE-dependent classes are not defined here: no Transformer Engine)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    body = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    found = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names}
+    assert sorted(found) == sorted(names), f"{path.name} defines no {sorted(set(names) - set(found))}"
+    namespace = {"__name__": "modelopt.torch.quantization.plugins.megatron_patched",
+                 "__package__": "modelopt.torch.quantization.plugins", "HAS_TE": False}
+    exec(compile(ast.Module(body=body + list(found.values()), type_ignores=[]), str(path), "exec"),
+         namespace)
+    return {n: namespace[n] for n in names}
+
+
+@pytest.fixture(scope="module")
+def static_diff_functions(tmp_path_factory):
+    d = tmp_path_factory.mktemp("static-diff")
+    apply_diffs(d, DIFF, STATIC_DIFF)
+    return _patched_functions(d / "modelopt/torch/quantization/plugins/megatron.py",
+                              ["_static_block_length", "_block_amax_parts", "_block_amax_replicated_whole",
+                               "_check_nvfp4_static_tp_supported", "_block_amax_fits"])
+
+
+def _rank_part(whole: torch.Tensor, rows: int, cols: int, axis: int, halves: int, rank: int, size: int):
+    """The test's own rule: expert-TP rank ``rank``'s block amax of its ``(rows, cols)`` weight
+    shard, cut from the expert's whole grid (ETP-1 order, a gated fc1's ``[W; V]`` rows):
+    fc1 (axis 0) its row block of each half, fc2 (axis 1) its column block."""
+    c = cols // 16
+    if axis == 1:
+        grid = whole.view(rows, size * c)
+        return grid[:, rank * c:(rank + 1) * c].reshape(-1, 1)
+    grid = whole.view(rows * size, c)
+    n, half = rows // halves, rows * size // halves
+    return torch.cat([grid[k * half + rank * n:k * half + (rank + 1) * n] for k in range(halves)]).reshape(-1, 1)
+
+
+def test_the_static_diff_saves_and_loads_each_recorded_block_amax_as_the_fix_does(static_diff_functions,
+                                                                                monkeypatch):
+    """On every expert weight recorded on a GPU (tests/data/recorded) with its amax entry (key,
+    replica id), fc1 plain and gated: the diff's factory and the runtime fix's declare the same
+    whole (N, 1) under ModelOpt's key with the same replica id, build it from the ranks' parts
+    (the all-gather answered by the test's rule) into the whole, and cut a loaded whole to the
+    rank's part (tests/test_static_block.py and tests/test_static_block_reshard.py check the
+    fix against megatron-core and a real gloo save/load)."""
+    import json
+
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from harness.check.keys import EXPERT_WEIGHT
+    from moe_ckpt_fix import static_block
+    from tests.rank_programs.static_block_reshard import Group
+
+    upstream, upstream_fits = (static_diff_functions[n] for n in ("_block_amax_replicated_whole", "_block_amax_fits"))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    gathered = {}
+
+    def all_gather(parts, local, group=None):
+        for r in range(len(parts)):
+            parts[r].copy_(_rank_part(gathered["whole"], *gathered["shape"], r, len(parts)))
+        assert torch.equal(local, parts[group.rank()])
+
+    monkeypatch.setattr(torch.distributed, "all_gather", all_gather)
+    compared = 0
+    for path in sorted((REPO / "tests" / "data" / "recorded").rglob("*.json")):
+        entries = {(e["rank"], e["key"]): e for e in json.loads(path.read_text())["entries"]}
+        for (rank, key), e in entries.items():
+            scalar = entries.get((rank, key + "_quantizer._amax"))
+            if not EXPERT_WEIGHT.match(key) or scalar is None:
+                continue
+            rows, cols = e["local_shape"]
+            weight = ShardedTensor(key, torch.zeros(rows, cols), torch.float32, (rows, cols),
+                                   tuple(e["global_shape"]), tuple(e["global_offset"]),
+                                   tuple(e["axis_fragmentations"]), tuple(e["replica_id"]),
+                                   e["prepend_axis_num"])
+            axis = 0 if ".linear_fc1." in key else 1
+            size = e["axis_fragmentations"][axis]
+            group = Group(e["global_offset"][axis] // e["local_shape"][axis], size)
+            whole = torch.randperm(rows * cols // 16 * size).float().reshape(-1, 1)
+            for halves in ((1, 2) if axis == 0 else (1,)):
+                local = _rank_part(whole, rows, cols, axis, halves, group.rank(), size)
+                entry = ShardedTensor.from_rank_offsets(scalar["key"], local.clone(),
+                                                        replica_id=tuple(scalar["replica_id"]),
+                                                        prepend_axis_num=scalar["prepend_axis_num"])
+                gathered.update(whole=whole, shape=(rows, cols, axis, halves))
+                got = upstream(entry, rows, axis, halves, group)
+                want = static_block.replicated_whole(entry, rows, axis, halves, group)
+                assert (got.key, got.replica_id) == (want.key, want.replica_id) == (
+                    scalar["key"], (scalar["replica_id"][0], group.rank(), *scalar["replica_id"][2:]))
+                got_sh, want_sh = got.build(), want.build()
+                assert got_sh.without_data() == want_sh.without_data()
+                assert tuple(got_sh.global_shape) == (whole.numel(), 1)
+                assert torch.equal(got_sh.data, whole) and torch.equal(want_sh.data, whole)
+                assert torch.equal(got.merge_fn(whole), local) and torch.equal(want.merge_fn(whole), local)
+            stale = torch.zeros(2 * local.numel(), 1)  # restored with half this expert TP's shape
+            assert upstream_fits(local, weight, 16) and not upstream_fits(stale, weight, 16)
+            assert not static_block.fits(stale, weight, 16)
+            compared += 1
+    assert compared > 100, compared
+
+
+def test_the_static_diff_lets_only_reshardable_grouped_experts_calibrate_at_tp_above_one(
+        static_diff_functions):
+    from types import SimpleNamespace
+
+    from modelopt.torch.quantization.config import QuantizerAttributeConfig
+    from modelopt.torch.quantization.nn import QuantModule, TensorQuantizer
+
+    check = static_diff_functions["_check_nvfp4_static_tp_supported"]
+    tp2 = SimpleNamespace(is_initialized=lambda: True, world_size=lambda: 2)
+
+    class Quant(QuantModule, torch.nn.Module):
+        pass
+
+    def module(follows):
+        m = Quant.__new__(Quant)
+        torch.nn.Module.__init__(m)
+        m.weight_quantizer = TensorQuantizer(QuantizerAttributeConfig(
+            num_bits=(2, 1), block_sizes={-1: 16, "type": "static", "scale_bits": (4, 3)}))
+        m.__dict__["_parallel_state"] = SimpleNamespace(tensor_parallel_group=tp2)
+        if follows is not None:
+            m.static_block_amax_follows_weight = lambda: follows
+        return m
+
+    assert static_diff_functions["_static_block_length"](module(None).weight_quantizer) == 16
+    for follows, refused in ((None, True), (False, True), (True, False)):
+        holder = torch.nn.Module()
+        holder.add_module("m", module(follows))
+        if refused:
+            with pytest.raises(NotImplementedError, match=r"\('m', 2\)"):
+                check(holder)
+        else:
+            check(holder)
 
 
 # --- refusals --------------------------------------------------------------------------------------
@@ -81,6 +239,55 @@ def test_apply_refuses_other_modelopt_versions(monkeypatch, installed):
     assert (installed or "not installed") in msg
 
 
+@pytest.mark.parametrize("value, allow, static", [
+    (None, False, False), ("1", False, False), ("0.48.0rc1", False, False),
+    ("static-block", False, True), ("0.48.0rc1, static-block", False, True), (None, True, True)])
+def test_the_static_block_part_is_installed_only_when_asked_for(monkeypatch, value, allow, static):
+    """Part (f) has no GPU record yet: MOE_CKPT_FIX=1 alone (a job's whole change) installs (a)-(e)
+    on 0.47.0, exactly what the committed GPU evidence covers; (f) only when named
+    (MOE_CKPT_FIX_UNPROVEN=static-block, or apply(allow_unproven=True) as the harness's ranks do)."""
+    from moe_ckpt_fix import modelopt_0_47_0
+
+    asked = []
+    monkeypatch.setattr(fix, "_applied_version", None)  # restored after: nothing was patched
+    monkeypatch.setattr(fix, "_installed_modelopt_version", lambda: fix.SUPPORTED_MODELOPT_VERSION)
+    monkeypatch.setattr(fix, "_installed_mcore_version", lambda: fix.SUPPORTED_MCORE_VERSIONS[-1])
+    monkeypatch.setattr(modelopt_0_47_0, "apply", lambda static=False: asked.append(static) or "ok")
+    monkeypatch.delenv(fix.UNPROVEN_VAR, raising=False)
+    if value is not None:
+        monkeypatch.setenv(fix.UNPROVEN_VAR, value)
+    assert fix.apply(allow_unproven=allow) == "ok"
+    assert asked == [static]
+
+
+def test_an_unproven_version_is_refused_unless_asked_for_by_name(monkeypatch):
+    """0.48.0rc1 has part (f) of the fix, not yet proven on a GPU: refused by default, saying so
+    and how to ask for it; asked for (argument, or the variable naming that version), it passes
+    the version gate (here it then stops at the missing Transformer Engine)."""
+    monkeypatch.setattr(fix, "_installed_modelopt_version", lambda: "0.48.0rc1")
+    monkeypatch.delenv(fix.UNPROVEN_VAR, raising=False)
+    for value in (None, "1", "0.47.0"):  # unset, not a version, another version
+        if value is not None:
+            monkeypatch.setenv(fix.UNPROVEN_VAR, value)
+        with pytest.raises(fix.UnsupportedModeloptVersion) as err:
+            fix.apply()
+        assert "not yet proven on a GPU" in str(err.value) and f"{fix.UNPROVEN_VAR}=0.48.0rc1" in str(err.value)
+    if _te_importable():
+        return
+    monkeypatch.setenv(fix.UNPROVEN_VAR, "0.48.0rc1")
+    with pytest.raises(fix.TransformerEngineMissing):
+        fix.apply()
+    monkeypatch.delenv(fix.UNPROVEN_VAR)
+    with pytest.raises(fix.TransformerEngineMissing):
+        fix.apply(allow_unproven=True)
+    assert fix.applied() is None
+    import modelopt.torch.quantization.model_calib as model_calib
+
+    from moe_ckpt_fix import static_block
+
+    assert not getattr(model_calib.max_calibrate, static_block.MARK, False)
+
+
 @pytest.mark.skipif(_te_importable(), reason="Transformer Engine is importable here")
 def test_apply_without_transformer_engine_refuses_and_patches_nothing():
     import modelopt.torch.quantization.plugins.custom as custom
@@ -92,6 +299,8 @@ def test_apply_without_transformer_engine_refuses_and_patches_nothing():
     assert not getattr(mp.make_sharded_tensors_for_checkpoint, fx._MARK, False)
     assert not getattr(custom._ParallelLinear.modelopt_post_restore, fx._MARK, False)
     assert not getattr(mp._MegatronRowParallelLinear._get_shard_axis_dict, fx._MARK, False)
+    assert not getattr(mp._check_nvfp4_static_tp_supported, fx._MARK, False)
+    assert fix.applied() is None
 
 
 # --- (a) replica-id rule, through megatron-core's own builder and validator ------------------------

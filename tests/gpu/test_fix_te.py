@@ -25,8 +25,9 @@ NUM_GEMMS = 4
 def patched():
     import harness.fix
 
-    first = harness.fix.apply()
-    assert harness.fix.apply() == first  # idempotent
+    # as the harness's ranks apply it (harness/rank/setup.py): part (f) asked for, its proof
+    first = harness.fix.apply(allow_unproven=True)
+    assert harness.fix.apply(allow_unproven=True) == first  # idempotent
     return first
 
 
@@ -103,3 +104,77 @@ def test_per_expert_sharded_entries_keep_keys_and_shapes(patched, model_parallel
         sh = ssd[f"experts.linear_fc1.weight_quantizer.{i}._amax"]
         assert sh.key == f"{i}.experts.linear_fc1.weight_quantizer._amax"
         assert sh.global_shape == (1,) and sh.replica_id == (0, 0, 0)
+
+
+# --- part (f): static NVFP4 experts across expert TP (written on the cpu machine, first run on a
+# GPU with the issue-54 queue: tools/gpu-host/queues/next-issue54.txt) -------------------------
+def test_apply_installs_part_f_on_te_classes(patched):
+    import modelopt.torch.quantization.mode as mode
+    import modelopt.torch.quantization.model_calib as model_calib
+    import modelopt.torch.quantization.plugins.megatron as mp
+    from moe_ckpt_fix import static_block
+
+    for target in (
+        mp._QuantMegatronTEGroupedLinear.sharded_state_dict,
+        mp._QuantMegatronTEGroupedLinear.modelopt_post_restore,
+        mp._check_nvfp4_static_tp_supported,
+        model_calib.max_calibrate,
+        mode.MaxCalibrateModeDescriptor._calib_func,
+    ):
+        assert getattr(target, static_block.MARK, False), target
+
+
+def _static_row_grouped_linear():
+    """A real TERowParallelGroupedLinear (fc2-like: weight (64, 128) per expert), its expert
+    weight quantizers static NVFP4, max-calibrated on the weights (world size 1)."""
+    from megatron.core.extensions.transformer_engine import TERowParallelGroupedLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from modelopt.torch.quantization.config import QuantizerAttributeConfig
+    from modelopt.torch.quantization.model_calib import max_calibrate
+    from modelopt.torch.quantization.nn import QuantModuleRegistry
+
+    config = TransformerConfig(
+        num_layers=1, hidden_size=64, num_attention_heads=4, num_moe_experts=NUM_GEMMS,
+        moe_grouped_gemm=True, params_dtype=torch.bfloat16, bf16=True,
+    )
+    linear = TERowParallelGroupedLinear(
+        NUM_GEMMS, 128, 64, config=config, init_method=torch.nn.init.normal_,
+        bias=False, skip_bias_add=True, is_expert=True,
+    ).cuda()
+    m = QuantModuleRegistry.convert(linear)
+    static = QuantizerAttributeConfig(num_bits=(2, 1), block_sizes={-1: 16, "type": "static",
+                                                                   "scale_bits": (4, 3)})
+    for q in m.weight_quantizer:
+        q.set_from_attribute_config(static)
+    m.input_quantizer.disable()
+    max_calibrate(m, None, distributed_sync=False)
+    return m
+
+
+def test_static_block_amax_is_declared_whole_in_modelopts_format(patched, model_parallel):
+    """World size 1 (expert TP 1): each block amax is a factory under ModelOpt's key that builds
+    the (N, 1) buffer itself, one main replica, and merges a loaded whole back unchanged."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+
+    m = _static_row_grouped_linear()
+    ssd = m.sharded_state_dict(prefix="experts.linear_fc2.", metadata={"singleton_local_shards": True})
+    for i, q in enumerate(m.weight_quantizer):
+        assert q.is_nvfp4_static and tuple(q._amax.shape) == (64 * 128 // 16, 1)
+        factory = ssd[f"experts.linear_fc2.weight_quantizer.{i}._amax"]
+        assert isinstance(factory, ShardedTensorFactory)
+        assert factory.key == f"{i}.experts.linear_fc2.weight_quantizer._amax"
+        amax = factory.build()
+        assert amax.global_shape == (64 * 128 // 16, 1) and amax.replica_id == (0, 0, 0)
+        assert torch.equal(amax.data, q._amax)
+        assert torch.equal(factory.merge_fn(amax.data), q._amax)
+        assert ssd[f"experts.linear_fc2.weight_quantizer.{i}._global_amax"].global_shape == (1,)
+
+
+def test_a_block_amax_restored_with_another_shape_is_refitted(patched, model_parallel):
+    m = _static_row_grouped_linear()
+    want = [q._amax.clone() for q in m.weight_quantizer]
+    for q in m.weight_quantizer:  # the shape a save at half this expert TP would restore
+        q._amax = torch.ones(2 * q._amax.numel(), 1, device="cuda")
+    m.modelopt_post_restore()
+    assert [tuple(q._amax.shape) for q in m.weight_quantizer] == [tuple(w.shape) for w in want]
+    assert all(torch.equal(q._amax, w) for q, w in zip(m.weight_quantizer, want))

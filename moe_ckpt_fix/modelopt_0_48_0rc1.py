@@ -1,0 +1,36 @@
+"""The fix for nvidia-modelopt 0.48.0rc1: part (f) only, NOT YET PROVEN ON A GPU.
+
+0.48.0rc1 has parts a-e of the 0.47.0 fix itself (per-expert amax on the expert TP/DP groups,
+GroupedQuantizer members kept through ``modelopt_post_restore``; harness/check/versions.py of the
+moe-ckpt-harness repository cites the lines), but not (f): its ``_QuantMegatronTEGroupedLinear``,
+``_MegatronTEGroupedMLP``, ``_check_nvfp4_static_tp_supported`` (plugins/megatron.py) and
+``max_calibrate`` (model_calib.py) are 0.47.0's where (f) reads them, so (f) is the same code
+(moe_ckpt_fix/static_block.py). ``moe_ckpt_fix.apply()`` reaches this module only when 0.48.0rc1
+is asked for by name (``UNPROVEN_VAR``), until a GPU record of its cells exists.
+"""
+from __future__ import annotations
+
+from . import TransformerEngineMissing, static_block
+
+_applied: str | None = None
+
+
+def apply() -> str:
+    """Install (f) on 0.48.0rc1. Called through ``moe_ckpt_fix.apply()`` after the version check."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    try:  # 0.48.0rc1 imports Transformer Engine unconditionally in its megatron plugin
+        import modelopt.torch.quantization.plugins.megatron as mp
+    except ImportError as exc:
+        raise TransformerEngineMissing(
+            f"moe_ckpt_fix: modelopt's megatron plugin does not import ({exc}); 0.48.0rc1 needs "
+            "Transformer Engine for it. Nothing was patched.") from exc
+    if not hasattr(mp, "_QuantMegatronTEGroupedLinear") or not hasattr(mp, "_MegatronTEGroupedMLP"):
+        raise TransformerEngineMissing(
+            "moe_ckpt_fix: modelopt's Transformer Engine plugin classes (_QuantMegatronTEGroupedLinear, "
+            "_MegatronTEGroupedMLP) are not defined here. Nothing was patched.")
+    install = static_block.prepare(mp)
+    _applied = ("nvidia-modelopt 0.48.0rc1 patched (moe_ckpt_fix, NOT YET PROVEN ON A GPU): "
+                + install())
+    return _applied
