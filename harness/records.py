@@ -2,8 +2,10 @@
 
 A stage result is built once (from a torchrun by harness/launch/torchrun.py, or from a golden
 checkpoint by harness/run/cell.py), written as ``stage.json``, read back as the same type and
-judged by harness/check/judge.py. A cell record is one entry of results.json
-(schema in docs/records.md).
+judged by harness/check/judge.py. A cell record is one entry of results.json. Each record
+type validates what is written and read (``check_record``: one line naming the file and the
+field); its fields' meanings, written once in ``described``, give docs/records.md's tables and
+docs/records.schema.json (harness/report/records_doc.py).
 """
 from __future__ import annotations
 

@@ -80,5 +80,6 @@ def test_a_bad_manifest_is_refused_naming_the_field(tmp_path):
     doc = json.loads((golden / "manifest.json").read_text())
     doc["files"] = {"other/x": "0" * 64}
     (golden / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(GoldenError, match=r"manifest.json: files.other/x.\[key\]: String should match pattern '\^ckpt/'"):
+    with pytest.raises(GoldenError,
+                       match=r"manifest.json: files.other/x.\[key\]: String should match pattern '\^ckpt/'"):
         read_manifest(golden)

@@ -71,8 +71,8 @@ def table(cls: type) -> str:
     """One row per field: name, type, default (``required`` when written always), meaning."""
     schema = TypeAdapter(cls).json_schema()
     defs, props = schema.get("$defs", {}), schema["properties"]
-    rows = [f"| `{f.name}` | {_type(props[f.name], defs)} | {_default(f)} | {_cell(f.metadata['description'])} |"
-            for f in fields(cls)]
+    rows = [f"| `{f.name}` | {_type(props[f.name], defs)} | {_default(f)} | "
+            f"{_cell(f.metadata['description'])} |" for f in fields(cls)]
     return "\n".join(["| field | type | default | meaning |", "| --- | --- | --- | --- |", *rows])
 
 
