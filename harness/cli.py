@@ -69,8 +69,8 @@ EXIT_CODES = {
     "repair": [("0", "written and verified, the dry run printed, or nothing to repair (no DST)"),
                ("1", "the repair failed; DST not written"), ("2", "bad input, or a DST problem"),
                ("3", "SRC damaged")],
-    "evidence": [("0", "written, or with --check: the committed page and README are up to date"),
-                 ("1", "with --check: they differ from what the records give now"), _USAGE],
+    "evidence": [("0", "written, or with --check: the generated files are up to date"),
+                 ("1", "with --check: they differ from what the records and types give now"), _USAGE],
     "recipes": [("0", "the table printed"), _USAGE],
     "golden": [("0", "done"), ("2", "a bad golden, manifest or option (one line names it)")],
     "matrix": [("0", "every pair ran, each cell as its pair's rule says"),
@@ -116,11 +116,14 @@ def _add_evidence_command(sub) -> None:
     """``python -m harness evidence``: docs/evidence.md and the README's generated tables from
     the committed records (harness/report/evidence.py)."""
     e = sub.add_parser("evidence", help="write docs/evidence.md and the README's verdict tables "
-                                        "from the committed records, judged again by today's rules",
+                                        "from the committed records, judged again by today's rules, "
+                                        "and docs/records.md's field tables and the records' JSON "
+                                        "Schemas from the record types",
                        **_exits("evidence"))
     e.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 when the committed page or README differ from "
-                        "what the records give now")
+                   help="write nothing; exit 1 when a generated file (the page, the README's "
+                        "blocks, docs/records.md's tables, a JSON Schema) differs from what the "
+                        "records and types give now")
     e.set_defaults(fn=commands.cmd_evidence)
 
 

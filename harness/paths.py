@@ -18,6 +18,10 @@ RESULTS_DIR = Path("results")  # relative to the working directory, like every C
 # gate finds by itself (harness/report/records_index.py) and docs/evidence.md is generated from.
 COMMITTED_RUNS = REPO_ROOT / "tests" / "data" / "runs"
 EVIDENCE_PAGE = REPO_ROOT / "docs" / "evidence.md"  # `python -m harness evidence` writes it
+# `python -m harness evidence` writes these too, from the record types (harness/report/records_doc.py)
+RECORDS_PAGE = REPO_ROOT / "docs" / "records.md"
+RECORDS_SCHEMA = REPO_ROOT / "docs" / "records.schema.json"
+MANIFEST_SCHEMA = REPO_ROOT / "tests" / "golden" / "manifest.schema.json"
 README = REPO_ROOT / "README.md"
 # The jobs judged on the harness's first profile (NVFP4_DEFAULT_CFG on the plain GPT, each job's
 # save and its one reload): the profile most committed runs were earned with.

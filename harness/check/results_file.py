@@ -1,8 +1,9 @@
 """Read a results.json and refuse, in one line naming the file, anything that is not one.
 
 Why: ``report`` and ``verdict`` used to print a traceback for an empty or truncated file and
-silently judged ``{}`` as a run with no cells. The schema is docs/records.md's; only the
-keys every reader relies on are checked, so older committed runs stay readable.
+silently judged ``{}`` as a run with no cells. The keys every reader relies on are checked
+here, then every field present against its type (harness/records.py, docs/records.schema.json);
+a field an older record lacks is not required, so older committed runs stay readable.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.records import OUTCOMES
+from harness.records import OUTCOMES, RecordError, RunResults
 
 REQUIRED_KEYS = ("cells", "run_id", "versions")
 REQUIRED_CELL_KEYS = ("cell_id", "outcome", "tier")
@@ -42,6 +43,10 @@ def read_results(path: Path | str) -> dict[str, Any]:
     problem = results_problem(doc)
     if problem:
         raise ResultsFileError(f"{p}: {problem}")
+    try:
+        RunResults.from_json(doc, source=str(p))  # every field of its type (harness/records.py)
+    except RecordError as exc:
+        raise ResultsFileError(str(exc)) from None
     return doc
 
 

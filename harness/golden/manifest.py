@@ -7,12 +7,9 @@ file fails loudly, naming the file, instead of turning into a confusing load err
 open golden files in place: ``copy_to_temp`` verifies and copies first, so nothing a test does can
 alter the committed bytes.
 
-Layout of manifest.json (see tests/golden/manifest.schema.json):
-    {"schema": 1, "name": str, "versions": {"nvidia-modelopt", "megatron-core",
-     "transformer-engine", "torch"}, "topology": "tp1-etp1-ep8-pp1", "layout": "per-expert"|...,
-     "made_by": str (the command), "date": "YYYY-MM-DD", "notes": str,
-     "size": {ModelSize fields} (optional: the model a load stage must build),
-     "files": {"ckpt/<relative path>": "<sha256 hex>", ...}}
+Layout of manifest.json: ``Manifest`` below, which validates every manifest written and read;
+its JSON Schema (tests/golden/manifest.schema.json) and field table (docs/records.md) are
+generated from it (``python -m harness evidence``).
 
 ``python -m harness golden make <dir> --topology T [--validate-sharding false]`` saves the harness
 model and writes the manifest (GPU host; tools/gpu-host/make-golden.sh); ``write`` pins an
@@ -25,11 +22,43 @@ import hashlib
 import json
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+from typing_extensions import TypedDict
+
+from harness.records import RecordError, check_record, described
 
 SCHEMA_VERSION = 1
-REQUIRED = ("schema", "name", "versions", "topology", "made_by", "date", "files")
 VERSION_KEYS = ("nvidia-modelopt", "megatron-core", "transformer-engine", "torch")
+# The versions that made the checkpoint (None: the package was absent); other keys are kept.
+Versions = TypedDict("Versions", {k: str | None for k in VERSION_KEYS})
+Versions.__pydantic_config__ = {"extra": "allow"}
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+CkptPath = Annotated[str, StringConstraints(pattern=r"^ckpt/")]
+
+
+@dataclass
+class Manifest:
+    """A golden's manifest.json, as ``write_manifest`` writes it and ``read_manifest`` accepts it."""
+
+    schema: Literal[1] = described("the manifest format's version (SCHEMA_VERSION)")
+    name: str = described("the golden directory's name")
+    versions: Versions = described("the stack that made it: nvidia-modelopt, megatron-core, "
+                                   "transformer-engine, torch (null: absent), others kept")
+    topology: Annotated[str, StringConstraints(pattern=r"^tp\d+-etp\d+-ep\d+(-pp\d+)?(-w\d+)?$")] = \
+        described("the topology that saved it (Topology.id)")
+    made_by: str = described("the command that wrote the checkpoint")
+    date: Annotated[str, StringConstraints(pattern=r"^\d{4}-\d{2}-\d{2}$")] = \
+        described("the day it was made, YYYY-MM-DD")
+    files: Annotated[dict[CkptPath, Sha256], Field(min_length=1)] = \
+        described("every file under ckpt/ (`ckpt/<relative path>`) -> its sha256 (hex)")
+    layout: str = described("the layout `python -m harness inspect` must find, or empty", default="")
+    notes: str = described("how and why it was made", default="")
+    size: dict | None = described("the ModelSize fields of the saved model: the model a load stage "
+                                  "must build; absent: the default", default=None)
 
 
 class GoldenError(Exception):
@@ -87,6 +116,10 @@ def write_manifest(golden_dir: Path | str, *, topology: str, made_by: str, layou
         "files": {rel: sha256(p) for rel, p in files.items()},
     }
     out = d / "manifest.json"
+    try:
+        check_record(Manifest, doc, str(out))
+    except RecordError as exc:
+        raise GoldenError(str(exc)) from None
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return out
 
@@ -100,16 +133,12 @@ def read_manifest(golden_dir: Path | str) -> dict:
         doc = json.loads(mf.read_text())
     except json.JSONDecodeError as exc:
         raise GoldenError(f"{mf}: not valid JSON ({exc})") from exc
-    missing = [k for k in REQUIRED if k not in doc]
-    if missing:
-        raise GoldenError(f"{mf}: missing fields {missing}")
-    if doc["schema"] != SCHEMA_VERSION:
+    if isinstance(doc, dict) and doc.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
         raise GoldenError(f"{mf}: schema {doc['schema']} (this harness reads {SCHEMA_VERSION})")
-    absent = [k for k in VERSION_KEYS if k not in doc["versions"]]
-    if absent:
-        raise GoldenError(f"{mf}: versions lacks {absent}")
-    if not doc["files"]:
-        raise GoldenError(f"{mf}: lists no files")
+    try:
+        check_record(Manifest, doc, str(mf))
+    except RecordError as exc:
+        raise GoldenError(str(exc)) from None
     return doc
 
 

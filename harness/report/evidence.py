@@ -6,7 +6,9 @@ from the records and from each other. Here every table is computed from the comm
 (harness/report/records_index.py) by the code that judges them: per job and pair, the gate's
 own selection and verdict (gate.py, verdict.py); per cell, the one judge again
 (harness/check/rejudge.py); what no run covers, coverage.py. tests/test_evidence.py fails when a
-record changes and the page or the README is not regenerated.
+record changes and the page or the README is not regenerated. The same command writes
+docs/records.md's field tables and the records' JSON Schemas from the record types
+(records_doc.py): one command keeps every generated doc.
 """
 from __future__ import annotations
 
@@ -259,13 +261,13 @@ def readme_blocks(ev: Evidence) -> dict[str, str]:
     return {"verdicts": readme_verdicts(ev), "exit-codes": readme_exit_codes()}
 
 
-def with_blocks(text: str, blocks: dict[str, str]) -> str:
-    """``text`` (the README) with each generated block replaced; ValueError naming a block whose
-    markers are missing."""
+def with_blocks(text: str, blocks: dict[str, str], where: str = "README.md") -> str:
+    """``text`` (the README, or ``where``) with each generated block replaced; ValueError naming a
+    block whose markers are missing."""
     for name, body in blocks.items():
         pattern = re.compile(re.escape(_begin(name)) + r"\n.*?" + re.escape(_end(name)), re.S)
         if not pattern.search(text):
-            raise ValueError(f"README.md has no generated block {name!r} ({_begin(name)} ... "
+            raise ValueError(f"{where} has no generated block {name!r} ({_begin(name)} ... "
                              f"{_end(name)})")
         text = pattern.sub(lambda _: f"{_begin(name)}\n{body}\n{_end(name)}", text)
     return text
@@ -561,20 +563,23 @@ def page(ev: Evidence) -> str:
 
 
 def main(check: bool = False) -> int:
-    """Write docs/evidence.md and the README's generated blocks; ``check``: write nothing, exit
-    1 naming what differs from what the committed records give now."""
+    """Write docs/evidence.md and the README's generated blocks, and docs/records.md's field
+    tables and the records' JSON Schemas (harness/report/records_doc.py); ``check``: write
+    nothing, exit 1 naming what differs from what the committed records and types give now."""
+    from harness.report.records_doc import wanted
+
     ev = Evidence()
-    want_page = page(ev)
-    want_readme = with_blocks(README.read_text(), readme_blocks(ev))
-    stale = [shown_path(p) for p, want in ((EVIDENCE_PAGE, want_page), (README, want_readme))
-             if not p.is_file() or p.read_text() != want]
+    want = {EVIDENCE_PAGE: page(ev), README: with_blocks(README.read_text(), readme_blocks(ev)), **wanted()}
+    stale = [p for p, text in want.items() if not p.is_file() or p.read_text() != text]
     if check:
         if stale:
-            print(f"stale: {', '.join(stale)}: run python -m harness evidence")
+            print(f"stale: {', '.join(map(shown_path, stale))}: run python -m harness evidence")
             return 1
-        print("docs/evidence.md and the README's generated blocks are up to date")
+        print("docs/evidence.md, the README's and docs/records.md's generated blocks and the "
+              "records' JSON Schemas are up to date")
         return 0
-    EVIDENCE_PAGE.write_text(want_page)
-    README.write_text(want_readme)
+    for p in stale:
+        p.write_text(want[p])
+    stale = [shown_path(p) for p in stale]
     print(f"wrote {', '.join(stale) or 'nothing (up to date)'}")
     return 0

@@ -20,7 +20,7 @@ from harness.launch.signals import shutdown_signal
 from harness.launch.torchrun import run_stage
 from harness.paths import GOLDEN_DIR, RunDir, SaveDir
 from harness.rank.spec import StageSpec
-from harness.records import CellRecord, Stage, StageResult
+from harness.records import CellRecord, Stage, StageResult, check_record
 from harness.run.results import write_record
 from harness.run.saved import checkpoint_amax_keys, verified_save
 from harness.scenario.cells import Cell
@@ -55,13 +55,14 @@ def run_save(cell: Cell, run_dir: RunDir | Path) -> StageResult:
     save = run.save(cell.save_id)
     with _save_locks[str(save.root)], _held(save.lock):
         if save.result.exists():
-            return StageResult.from_json(read_json(save.result))
+            return StageResult.from_json(read_json(save.result), source=str(save.result))
         if cell.golden:
             result = prepare_golden(cell.golden, save, cell.scenario.golden_root)
         else:
             result = _launch(_spec(cell, Stage.SAVE, cell.save, save), save.root, cell, run)
             result = verified_save(save, result, cell.save.id, cell.save.world_size)
-        write_json_atomic(save.result, result.to_json(), indent=2)
+        write_json_atomic(save.result, check_record(StageResult, result.to_json(), str(save.result)),
+                          indent=2)
         return result
 
 

@@ -8,16 +8,17 @@ from pathlib import Path
 
 from harness.jsonfile import write_json_atomic
 from harness.paths import RunDir
-from harness.records import UNEXPECTED_OUTCOMES, CellRecord, ProbeRecord, RunResults
+from harness.records import UNEXPECTED_OUTCOMES, CellRecord, ProbeRecord, RunResults, check_record
 
 
 def write_record(record: CellRecord, path: Path) -> None:
-    write_json_atomic(path, record.as_dict(), indent=2)
+    write_json_atomic(path, check_record(CellRecord, record.as_dict(), str(path)), indent=2)
 
 
 def write_probes(records: list[ProbeRecord], run: RunDir) -> None:
     """A run's judged validation probes, which ``collect`` puts into results.json."""
-    write_json_atomic(run.probes, [r.as_dict() for r in records], indent=2)
+    write_json_atomic(run.probes, check_record(list[ProbeRecord], [r.as_dict() for r in records],
+                                               str(run.probes)), indent=2)
 
 
 def collect(run_dir: RunDir | Path, versions: dict, tier: str | None = None,
@@ -26,14 +27,14 @@ def collect(run_dir: RunDir | Path, versions: dict, tier: str | None = None,
     into results.json; a run stopped by ``interrupted`` (a signal name) is marked incomplete.
     Returns the document written."""
     run = RunDir.of(run_dir)
-    cells = [CellRecord.from_json(json.loads(p.read_text())) for p in run.records()]
-    probes = ([ProbeRecord.from_json(p) for p in json.loads(run.probes.read_text())]
+    cells = [CellRecord.from_json(json.loads(p.read_text()), source=str(p)) for p in run.records()]
+    probes = ([ProbeRecord.from_json(p, source=str(run.probes)) for p in json.loads(run.probes.read_text())]
               if run.probes.is_file() else [])
     results = RunResults(
         run_id=run.run_id, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         versions=versions, tier=tier or ",".join(sorted({c.tier for c in cells})), cells=cells,
         incomplete=bool(interrupted), interrupted_by=interrupted, probes=probes)
-    doc = results.to_json()
+    doc = check_record(RunResults, results.to_json(), str(run.results))
     write_json_atomic(run.results, doc, indent=2)
     return doc
 
