@@ -82,6 +82,12 @@ class Patch(StrEnum):
     FIX = "fix"
 
 
+# The stage environment's entries (harness/rank/setup.py record_environment) naming the version of
+# harness.fix (moe_ckpt_fix) its ranks applied and the parts it installed (applied_parts), as
+# CellRecord.fix_parts keeps them.
+FIX_ENV_KEY, FIX_PARTS_ENV_KEY = "moe-ckpt-fix", "moe-ckpt-fix-parts"
+
+
 class CauseKind(StrEnum):
     """How a stage's first failure showed (harness/launch/failures.py)."""
 
@@ -285,6 +291,11 @@ class CellRecord:
     amax_keys: dict | None = described(
         "the quantizer amax keys its checkpoint holds per module family, MTP layers' apart under "
         "`mtp` (also in the save's stage.json); absent before the field", default=None)
+    fix_parts: list[str] | None = described(
+        "the parts of harness.fix its ranks installed, as they recorded them (FIX_PARTS_ENV_KEY): "
+        "part (f) (`static-block`) is opt-in, and only a record naming it is judged by the fixed "
+        "static rule (harness/check/versions.py kind_rule); absent: unpatched, no stage reported, "
+        "or recorded before the field (judged as without part f)", default=None)
 
     @property
     def recipe_ref(self) -> str:
@@ -295,7 +306,7 @@ class CellRecord:
     def as_dict(self) -> dict:
         out = asdict(self)
         for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out", "evidence", "forecast_disagreement",
-                     "model", "amax_keys"):  # fields younger than most committed runs
+                     "model", "amax_keys", "fix_parts"):  # fields younger than most committed runs
             if out[late] is None:
                 del out[late]
         return out

@@ -49,6 +49,8 @@ UNPROVEN_PARTS = {
                     "on the cpu tier with real megatron-core, not yet proven on a GPU",
 }
 UNPROVEN_VAR = "MOE_CKPT_FIX_UNPROVEN"  # e.g. "static-block" or "0.48.0rc1,static-block"
+# The names ``applied_parts()`` gives what it installed by: parts (a)-(e) (0.47.0 only) and (f).
+EXPERT_AMAX_PART, STATIC_BLOCK_PART = "expert-amax", "static-block"
 
 
 def asked_for(word: str) -> bool:
@@ -90,7 +92,7 @@ def apply(allow_unproven: bool = False) -> str:
     when Transformer Engine is not importable (the TEGroupedMLP plugin classes then do not exist,
     and neither does the bug).
     """
-    global _applied_version
+    global _applied_version, _applied_parts
     installed = _installed_modelopt_version()
     asked = allow_unproven or asked_for(installed or "")
     if installed != SUPPORTED_MODELOPT_VERSION and not (installed in UNPROVEN_MODELOPT_VERSIONS and asked):
@@ -122,7 +124,7 @@ def apply(allow_unproven: bool = False) -> str:
     # 0.48.0rc1 has only part (f), asked for with its version; on 0.47.0 it is a part of its own
     description = patcher.apply(static=allow_unproven or asked_for("static-block")) \
         if installed == SUPPORTED_MODELOPT_VERSION else patcher.apply()
-    _applied_version = __version__
+    _applied_version, _applied_parts = __version__, patcher.parts()
     return description
 
 
@@ -132,7 +134,15 @@ def applied() -> str | None:
     return _applied_version
 
 
+def applied_parts() -> tuple[str, ...]:
+    """The parts ``apply()`` installed in this process, by name (EXPERT_AMAX_PART,
+    STATIC_BLOCK_PART), () before it has: what a record of the run names, since part (f) is
+    installed only when asked for and a judge must not assume it."""
+    return _applied_parts
+
+
 _applied_version: str | None = None
+_applied_parts: tuple[str, ...] = ()
 
 
 def _installed_mcore_version() -> str | None:
@@ -158,6 +168,9 @@ __all__ = [
     "TransformerEngineMissing",
     "UnsupportedModeloptVersion",
     "__version__",
+    "EXPERT_AMAX_PART",
+    "STATIC_BLOCK_PART",
     "applied",
+    "applied_parts",
     "apply",
 ]

@@ -40,7 +40,8 @@ import functools
 import inspect
 import re
 
-from . import Refused, TransformerEngineMissing, legacy_load, static_block
+from . import (EXPERT_AMAX_PART, STATIC_BLOCK_PART, Refused, TransformerEngineMissing, legacy_load,
+               static_block)
 
 _MARK = "__moe_ckpt_fix__"  # set on every function this module installs (idempotency)
 # Keys of the per-expert state dicts that (a) targets: "{gemm_idx}.weight_quantizer.{sub}".
@@ -49,6 +50,12 @@ _PER_EXPERT_KEY = re.compile(r"^\d+\.weight_quantizer\.")
 _expert_groups: contextvars.ContextVar = contextvars.ContextVar("moe_ckpt_fix_groups", default=None)
 
 _applied: str | None = None
+_parts: tuple[str, ...] = ()  # what the first apply() installed (parts() names them)
+
+
+def parts() -> tuple[str, ...]:
+    """The parts installed in this process, by the package's names (moe_ckpt_fix.applied_parts)."""
+    return _parts
 
 
 # --- (a) per-expert sharded entries on the expert groups ------------------------------------------
@@ -193,7 +200,7 @@ def apply(static: bool = False) -> str:
     """Install (a) to (e), and (f) when ``static`` (it is not proven on a GPU yet: asked for by
     name, moe_ckpt_fix.UNPROVEN_PARTS). Called through ``moe_ckpt_fix.apply()`` after the
     version check."""
-    global _applied
+    global _applied, _parts
     if _applied is not None:
         return _applied
 
@@ -244,6 +251,7 @@ def apply(static: bool = False) -> str:
         "(f) not applied: static NVFP4 expert block amax across expert TP is opt-in until a GPU "
         "run proves it (MOE_CKPT_FIX_UNPROVEN=static-block)")
 
+    _parts = (EXPERT_AMAX_PART,) + ((STATIC_BLOCK_PART,) if install_static else ())
     _applied = (
         "nvidia-modelopt 0.47.0 patched (moe_ckpt_fix): "
         "(a) per-expert weight_quantizer sharded entries of _QuantMegatronTEGroupedLinear use the "

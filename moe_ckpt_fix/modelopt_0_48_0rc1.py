@@ -10,9 +10,14 @@ is asked for by name (``UNPROVEN_VAR``), until a GPU record of its cells exists.
 """
 from __future__ import annotations
 
-from . import TransformerEngineMissing, static_block
+from . import STATIC_BLOCK_PART, TransformerEngineMissing, static_block
 
 _applied: str | None = None
+
+
+def parts() -> tuple[str, ...]:
+    """The parts installed in this process (moe_ckpt_fix.applied_parts): (f) once applied."""
+    return (STATIC_BLOCK_PART,) if _applied is not None else ()
 
 
 def apply() -> str:

@@ -166,3 +166,84 @@ def test_a_static_recipe_on_the_cpu_tier_is_refused_before_any_rank(tmp_path):
     (err,) = bad
     assert "\n" not in str(err) and "s.toml: recipe: nvfp4-mse calibrates static NVFP4 experts" in str(err)
     assert "not cpu" in str(err)
+
+
+# --- issue 54: the fix's opt-in part (f), asked for by a scenario's fix_parts -----------------------
+PART_F = "static-block"  # moe_ckpt_fix UNPROVEN_PARTS / STATIC_BLOCK_PART
+
+
+def _patched_cell(tmp_path, recipe, save, load, parts=()):
+    path = tmp_path / "p.toml"
+    asked = f"fix_parts = {list(parts)!r}\n".replace("'", '"') if parts else ""
+    path.write_text(GPU_HEAD + f'patch = "fix"\n{asked}recipe = "{recipe}"\nsaves = ["{save}"]\n'
+                    f'loads = ["{load}"]\n')
+    return next(c for c in load_scenario(path).cells() if c.load)
+
+
+@pytest.mark.parametrize("modelopt", ["0.47.0", "0.48.0rc1"])
+def test_under_part_f_static_blocks_reshard_across_expert_tp(tmp_path, modelopt):
+    """Read from moe_ckpt_fix/static_block.py (the block _amax saved whole in ModelOpt's ETP-1
+    format, cut to the rank's part at load; calibration allowed at ETP > 1): with part (f) a load
+    at another expert TP passes; a patched cell without it keeps the refusal."""
+    rules = rules_for(modelopt, "0.19.2")
+    fixed = rules.kind_rule(STATIC_BLOCK, "experts", (PART_F,))
+    assert fixed.reshard == Expected.PASS and fixed.save_refused_split is None
+    for parts in ((), ("expert-amax",)):
+        assert rules.kind_rule(STATIC_BLOCK, "experts", parts).reshard == Expected.RESHARD_REFUSED
+    assert rules.kind_rule(STATIC_BLOCK, "shared_experts", (PART_F,)) is rules.kind_rule(
+        STATIC_BLOCK, "shared_experts")  # part (f) is the routed experts' only
+    for save, load in (("tp1-etp1-ep4", "tp2-etp2-ep2"), ("tp2-etp2-ep2", "tp4-etp4-ep1"),
+                       ("tp2-etp2-ep2", "tp1-etp1-ep4")):
+        assert _patched_cell(tmp_path, ULTRA_4O6, save, load, (PART_F,)).expected_under(rules) == Expected.PASS
+    plain = _patched_cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp2-etp2-ep2")
+    assert plain.expected_under(rules) == Expected.RESHARD_REFUSED
+    assert rules_for(modelopt, "0.15.3").kind_rule(STATIC_BLOCK, "experts", (PART_F,)) is None
+
+
+def test_a_static_recipe_saves_at_expert_tp_above_one_only_when_part_f_is_asked_for(tmp_path):
+    body = f'patch = "fix"\nrecipe = "{ULTRA_4O6}"\nsaves = ["tp2-etp2-ep2"]\nloads = ["tp4-etp4-ep1"]\n'
+    path = tmp_path / "s.toml"
+    path.write_text(GPU_HEAD + body)
+    with pytest.raises(ScenarioError, match="refuses at expert TP > 1"):
+        load_scenario(path)
+    path.write_text(GPU_HEAD + f'fix_parts = ["{PART_F}"]\n' + body)
+    assert {c.save.id for c in load_scenario(path).cells()} == {"tp2-etp2-ep2-pp1"}
+
+
+@pytest.mark.parametrize("text, words", [
+    (f'patch = "fix"\nfix_part = ["{PART_F}"]\n', "did you mean 'fix_parts'"),
+    ('patch = "fix"\nfix_parts = ["static-blok"]\n', "did you mean 'static-block'"),
+    (f'fix_parts = ["{PART_F}"]\n', "needs patch = 'fix'"),
+    (f'patch = "fix"\nfix_parts = "{PART_F}"\n', "expected an array"),
+])
+def test_a_bad_fix_parts_key_is_one_line(tmp_path, text, words):
+    path = tmp_path / "bad.toml"
+    path.write_text(GPU_HEAD + text + 'saves = ["tp1-etp1-ep4"]\n')
+    with pytest.raises(ScenarioError, match=words) as err:
+        load_scenario(path)
+    assert "fix_part" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_part_f_is_another_checkpoint_and_another_pool(tmp_path):
+    """A stage with part (f) installs what one without it does not (the fix cannot be undone in
+    a process): never the same save directory, never the same warm pool."""
+    from harness.launch.pool import PoolKey
+    from harness.run.cell import rank_env
+
+    with_f = _patched_cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp2-etp2-ep2", (PART_F,))
+    without = _patched_cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp2-etp2-ep2")
+    assert with_f.save_id != without.save_id
+    keys = [PoolKey.of(4, "gpu-shared", "fix", "te", tmp_path, rank_env(c.scenario)) for c in (with_f, without)]
+    assert keys[0] != keys[1]
+    assert dict(keys[0].env)["MOE_CKPT_FIX_UNPROVEN"] == PART_F
+    assert PART_F not in dict(keys[1].env)["MOE_CKPT_FIX_UNPROVEN"].split(",")
+
+
+def test_the_ranks_are_asked_for_exactly_the_scenarios_parts(monkeypatch):
+    """A part the controller's environment names is not passed on unless the scenario asks for
+    it; a version it names (0.48.0rc1) is kept."""
+    from harness.run.cell import fix_env
+
+    monkeypatch.setenv("MOE_CKPT_FIX_UNPROVEN", f"0.48.0rc1,{PART_F}")
+    assert fix_env(()) == {"MOE_CKPT_FIX_UNPROVEN": "0.48.0rc1"}
+    assert fix_env((PART_F,)) == {"MOE_CKPT_FIX_UNPROVEN": f"0.48.0rc1,{PART_F}"}

@@ -166,6 +166,49 @@ def test_the_ranks_version_decides_the_expectation():
     assert (rec.mcore, rec.expected) == ("0.15.3", "fail-save")
 
 
+RESHARD = "gpu-ultra-recipe-reshard[save=tp4-etp1-ep8-pp1,load=tp2-etp2-ep4-pp1]"
+
+
+def test_the_parts_the_ranks_installed_decide_the_static_rule():
+    """gpu-ultra-recipe-reshard (patched, asks for part f) at ETP 1 -> 2: forecast by the ask;
+    once a stage reported, by the parts its ranks installed (moe_ckpt_fix.applied_parts via
+    environment.json): (f) -> the fixed rule's pass, without (f) -> today's refusal."""
+    from harness.records import FIX_PARTS_ENV_KEY
+
+    cell = _cell("gpu-ultra-recipe-reshard", RESHARD)
+    assert new_record(cell).expected == "pass" and new_record(cell).fix_parts is None
+
+    def ran(parts):
+        env = {"nvidia-modelopt": "0.47.0", "megatron-core": "0.19.2"}
+        return StageResult(stage="save", ok=True, wall_s=1.0,
+                           environment={**env, FIX_PARTS_ENV_KEY: parts} if parts is not None else env)
+
+    for parts, word in ((["expert-amax"], "reshard-refused"), (["expert-amax", "static-block"], "pass"),
+                        (None, "reshard-refused")):  # None: the ranks said nothing of the fix
+        rec = new_record(cell)
+        ran_decision(rec, cell.plan, ran(parts), None)
+        assert (rec.fix_parts, rec.expected) == (parts, word)
+
+
+def test_a_record_without_fix_parts_keeps_todays_judgement():
+    """A record made before fix_parts (or whose ranks named none) is judged as without part (f),
+    to the same fields; one naming (f) by the fixed rule."""
+    from harness.check.rejudge import rejudge_record
+
+    cell = _cell("gpu-ultra-recipe-reshard", RESHARD)
+    old = {**new_record(cell).as_dict(), "outcome": "known-refusal", "failed_stage": "load",
+           "exception_type": "CheckpointException", "message": "Global shape mismatch for loaded "
+           "(torch.Size([4096, 1])) and expected ((8192, 1)) tensor for key decoder.layers.0.mlp."
+           "experts.experts.1.linear_fc1.weight_quantizer._amax", "mcore": "0.19.2",
+           "modelopt": "0.47.0"}
+    assert "fix_parts" not in old
+    again = rejudge_record(old, cell.plan)
+    assert (again["expected"], again["outcome"]) == ("reshard-refused", "known-refusal")
+    assert "fix_parts" not in again
+    fixed = rejudge_record({**old, "fix_parts": ["expert-amax", "static-block"]}, cell.plan)
+    assert fixed["expected"] == "pass" and fixed["outcome"] == "unexpected-failure"
+
+
 def test_the_fix_is_skipped_with_the_reason_where_it_does_not_apply():
     cell = _cell("gpu-fix", "gpu-fix[save=tp2-etp1-ep2-pp1,save-only]")
     reason = version_skip_reason(cell.plan, V.behaviour_for("0.48.0rc1"), "0.48.0rc1")

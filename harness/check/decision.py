@@ -32,27 +32,34 @@ class CellDecision:
     skip: str | None  # why the pair cannot run the cell meaningfully, or None
     kinds: Kinds | None  # the kinds that decided: what the save recorded, else the forecast
     forecast_disagreement: str | None = None
+    # the fix's parts that decided: what the ranks installed, else what the scenario asks for
+    fix_parts: tuple[str, ...] = ()
 
     @property
     def expectations(self) -> str:
         return self.behaviour.label
 
-    def holds_for(self, modelopt: str | None, mcore: str | None, recorded: Kinds | None) -> bool:
-        """Whether this decision is the one for that pair and those recorded kinds."""
+    def holds_for(self, modelopt: str | None, mcore: str | None, recorded: Kinds | None,
+                  fix_parts: tuple[str, ...] | None = None) -> bool:
+        """Whether this decision is the one for that pair, those recorded kinds and those fix
+        parts (None: the plan's, as ``decide``)."""
         return ((modelopt, mcore) == (self.modelopt, self.mcore)
-                and (not recorded or recorded == self.kinds))
+                and (not recorded or recorded == self.kinds)
+                and (fix_parts is None or tuple(fix_parts) == self.fix_parts))
 
 
 def decide(plan: CellPlan, modelopt: str | None, mcore: str | None,
-           recorded: Kinds | None = None) -> CellDecision:
+           recorded: Kinds | None = None, fix_parts: tuple[str, ...] | None = None) -> CellDecision:
     """The one computation of a cell's expectation, notice and skip reason under the pair
-    (``mcore`` None: the installed megatron-core) and the kinds that decide."""
+    (``mcore`` None: the installed megatron-core), the kinds and the fix parts that decide
+    (``fix_parts`` None: those the scenario asks for, before a stage has said what it installed)."""
     mcore = mcore or installed_mcore()
     behaviour = versions.rules_for(modelopt, mcore)
     kinds = kinds_for(plan, recorded)
-    word, why = expectation(plan, behaviour, kinds)
+    parts = plan.fix_parts if fix_parts is None else tuple(fix_parts)
+    word, why = expectation(plan, behaviour, kinds, parts)
     return CellDecision(
-        modelopt=modelopt, mcore=mcore, behaviour=behaviour, expected=word,
+        modelopt=modelopt, mcore=mcore, behaviour=behaviour, expected=word, fix_parts=parts,
         notice=behaviour.notice(modelopt, mcore) or why, kinds=kinds,
         skip=version_skip_reason(plan, behaviour, modelopt, mcore),
         forecast_disagreement=disagreement(plan.recipe, forecast(plan.recipe, plan.families), recorded),

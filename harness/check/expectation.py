@@ -21,11 +21,13 @@ def kinds_for(plan: CellPlan, recorded: Kinds | None) -> Kinds | None:
 
 
 def expected(plan: CellPlan, behaviour) -> str:
-    """The expectation before a save has run: the forecast's kinds decide."""
-    return expectation(plan, behaviour, kinds_for(plan, None))[0]
+    """The expectation before a save has run: the forecast's kinds and the fix's parts the
+    scenario asks for decide."""
+    return expectation(plan, behaviour, kinds_for(plan, None), plan.fix_parts)[0]
 
 
-def expectation(plan: CellPlan, behaviour, kinds: Kinds | None) -> tuple[str, str | None]:
+def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
+                fix_parts: tuple[str, ...] = ()) -> tuple[str, str | None]:
     """(pass | fail-save | fail-load | amax-lost | not-restored | reshard-refused | rule-unknown,
     and for rule-unknown from a kind: one line naming the kind, family and missing rule).
 
@@ -34,7 +36,8 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None) -> tuple[str, st
     ``not-restored``; then the version's replica rule (the fix's rule when patched,
     harness/topology/oracle.py) on the routed experts' kinds for the save, then the load
     topology; then each family's kind at a change of the size that family is split over (expert
-    TP for routed experts, TP for the rest); then, unpatched on TEGroupedMLP, the second bug where
+    TP for routed experts, TP for the rest; under the fix, its rule with the ``fix_parts`` the ranks
+    installed, harness/check/versions.py kind_rule); then, unpatched on TEGroupedMLP, the second bug where
     an expert kind has it: every local expert's weight-quantizer amax but expert 0's is gone after
     ``load_state_dict`` whenever a load rank holds more than one expert.
     """
@@ -49,9 +52,10 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None) -> tuple[str, st
             f"recipe {plan.recipe}: no amax kinds of the routed experts known (no forecast in "
             "harness/check/recipes.py and no save recorded them): nothing to judge them by")
     rules = {}
+    parts = fix_parts if plan.patch == Patch.FIX else ()  # the parts of harness.fix installed
     for family, names in sorted(kinds.items()):
         for kind in names:
-            rule = behaviour.kind_rule(kind, family)
+            rule = behaviour.kind_rule(kind, family, parts)
             if rule is None:
                 return Expected.RULE_UNKNOWN, (
                     f"recipe {plan.recipe}: no rule for amax kind {kind!r} of the {family} under "

@@ -18,8 +18,8 @@ from harness.check import versions
 from harness.check.plan import CellPlan
 from harness.check.versions import installed_mcore
 from harness.model.recipes import EXPERTS, KIND_TENSORS, SCALAR, STATIC_BLOCK
-from harness.records import (NAMED_AMAX_STATES, CellRecord, Expected, Outcome, Patch, Stage,
-                             StageCause, StageResult)
+from harness.records import (FIX_PARTS_ENV_KEY, NAMED_AMAX_STATES, CellRecord, Expected, Outcome,
+                             Patch, Stage, StageCause, StageResult)
 
 
 def rules_for(modelopt: str | None, mcore: str | None = None):
@@ -81,10 +81,23 @@ def ran_decision(rec: CellRecord, cell: CellPlan, save: StageResult | None, load
         rec.amax_kinds = save.rank0["amax_kinds"]
     if save is not None and save.amax_keys is not None:
         rec.amax_keys = save.amax_keys
-    if decision is None or not decision.holds_for(modelopt, mcore, rec.amax_kinds):
-        decision = decide(cell, modelopt, mcore, rec.amax_kinds)
+    if env.get(FIX_PARTS_ENV_KEY):
+        rec.fix_parts = list(env[FIX_PARTS_ENV_KEY])
+    parts = fix_parts_that_decide(rec, cell, ran=save is not None or load is not None)
+    if decision is None or not decision.holds_for(modelopt, mcore, rec.amax_kinds, parts):
+        decision = decide(cell, modelopt, mcore, rec.amax_kinds, parts)
     note_decision(rec, decision)
     return decision
+
+
+def fix_parts_that_decide(rec: CellRecord, cell: CellPlan, ran: bool) -> tuple[str, ...]:
+    """The fix's parts a cell is judged under: those its ranks recorded installing; none when a
+    stage ran and no rank said (an unpatched stage, one that failed before it could say, or a
+    record made before ``fix_parts``: judged as it was then); before any stage ran, what the
+    scenario asks for (the forecast)."""
+    if rec.fix_parts is not None:
+        return tuple(rec.fix_parts)
+    return () if ran else cell.fix_parts
 
 
 def note_decision(rec: CellRecord, d: CellDecision) -> None:

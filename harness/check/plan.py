@@ -39,6 +39,9 @@ class CellPlan:
     families: tuple[str, ...] | None = None
     # A recorded cell no scenario holds now: its recorded expectation stands (nothing to plan).
     recorded_expected: str | None = None
+    # The fix's opt-in parts the scenario asks its ranks to install: what decides before a stage
+    # has reported the parts they did install (harness/check/judge.py ran_decision).
+    fix_parts: tuple[str, ...] = ()
 
     @property
     def world(self) -> int:

@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from harness.check.layouts import CkptLayout, GoldenLayout, Restore
 from harness.model.recipes import EXPERTS, OTHER, SCALAR, SHARED_EXPERTS, STATIC_BLOCK
 from harness.records import Expected
+from harness.fix import STATIC_BLOCK_PART
 
 # Layout of a grouped linear's weight quantizer in the checkpoint a release writes.
 SHARED, PER_EXPERT = CkptLayout.SHARED, CkptLayout.PER_EXPERT
@@ -157,6 +158,37 @@ def static_block_rule(checked_on: str = _STATIC_CHECKED) -> KindRule:
                     checked_on=checked_on)
 
 
+# The routed experts' static kind under the fix's part (f) (moe_ckpt_fix/static_block.py), used
+# only for a cell whose ranks recorded that they installed it (CellRecord.fix_parts; before a save
+# has run, the scenario's ``fix_parts`` asks for it): (f) is opt-in (moe_ckpt_fix UNPROVEN_PARTS),
+# so a record that does not name it keeps the rule above. Read from the fix and megatron-core
+# 0.19.2 (0.16.1 the same where read). The checkpoint keeps ModelOpt's ETP-1 format whatever the
+# ETP of the save, so what a patched job writes an unpatched one reads as before (at ETP 1; at
+# another ETP it keeps the rule above):
+_FIXED_STATIC_SOURCE = (
+    "moe_ckpt_fix/static_block.py replicated_whole: each per-expert block _amax is declared as "
+    "ModelOpt declares it at ETP 1, the expert's whole (N, 1) in row-major block order (a gated "
+    "fc1's [W; V] rows, as megatron-core 0.19.2 lays the ETP-1 weight out: "
+    "apply_swiglu_sharded_factory, transformer/mlp.py:425-495), replicated over expert TP "
+    "(replica id (0, etp_rank, edp)), a ShardedTensorFactory whose build all-gathers the ranks' "
+    "parts over the expert TP group (fc1 rows, TEColumnParallelGroupedLinear; fc2 columns, "
+    "TERowParallelGroupedLinear: extensions/transformer_engine.py:2508-2590) and whose merge "
+    "cuts the loaded whole to the rank's part: a save at any expert TP writes what ETP 1 writes, "
+    "a load at any expert TP reads it; fit_block_amax refits a buffer restored with another "
+    "expert TP's shape before the load; the global amax stays a per-expert (1,) replicated "
+    "across expert TP (part a), reduced over the expert TP group at calibration, where "
+    "nvfp4_static_tp_check lets grouped experts through. cpu tier: tests/test_static_block.py, "
+    "tests/test_static_block_reshard.py (torch_dist save/load across expert TP on gloo ranks, "
+    "an ETP-2 save byte-equal to an ETP-1 one, read by an unpatched ETP-1 load)")
+
+
+def fixed_static_block_rule() -> KindRule:
+    """Static block amax of routed experts under part (f): loads at another expert TP pass and
+    a save at expert TP > 1 is allowed; not yet checked on a GPU (issue 54's queue)."""
+    return KindRule(replica_rule_applies=True, lost_on_reload=False, reshard=Expected.PASS,
+                    save_refused_split=None, source=_FIXED_STATIC_SOURCE)
+
+
 # Dense linears (shared experts, attention, dense MLP, Mamba projections): ModelOpt's
 # _MegatronParallelLinear.sharded_state_dict (0.47.0 plugins/megatron.py:508-551) builds their
 # quantizer tensors with make_sharded_tensors_for_checkpoint and no group arguments, i.e.
@@ -225,13 +257,21 @@ class Behaviour:
     kinds: dict[str, KindRule] = field(default_factory=dict)
     # Rules per amax kind of the dense families (shared experts, every other linear).
     dense_kinds: dict[str, KindRule] = field(default_factory=lambda: {SCALAR: dense_scalar_rule()})
+    # Rules per amax kind of the routed experts under the fix's opt-in part (f), for a cell whose
+    # ranks installed it (``kind_rule``'s ``fix_parts``); a kind not listed keeps ``kinds``'.
+    fixed_kinds: dict[str, KindRule] = field(default_factory=dict)
 
-    def kind_rule(self, kind: str | None, family: str = EXPERTS) -> KindRule | None:
-        """This pair's rule for an amax kind of a module family; None: no rule."""
+    def kind_rule(self, kind: str | None, family: str = EXPERTS,
+                  fix_parts: tuple[str, ...] | list[str] = ()) -> KindRule | None:
+        """This pair's rule for an amax kind of a module family; None: no rule. ``fix_parts``:
+        the parts of harness.fix the cell's ranks installed (the scenario's ask before they ran);
+        with part (f) among them, the routed experts' ``fixed_kinds`` rule."""
         if not self.known:
             return None
         if family != EXPERTS:
             return self.dense_kinds.get(kind or "")
+        if STATIC_BLOCK_PART in fix_parts and kind in self.fixed_kinds:
+            return self.fixed_kinds[kind]
         if kind == SCALAR and SCALAR not in self.kinds:
             return scalar_rule(self.drops_expert_amax_on_reload)
         return self.kinds.get(kind or "")
@@ -296,6 +336,7 @@ KNOWN = (
         replica_rule="dense-tp", drops_expert_amax_on_reload=True,
         golden_restore=_GOLDENS_PER_EXPERT, fix_applies=True,
         kinds={STATIC_BLOCK: static_block_rule()}, dense_kinds=_DENSE_WITH_STATIC,
+        fixed_kinds={STATIC_BLOCK: fixed_static_block_rule()},
         source=f"{_SRC_047}; megatron-core >= 0.16 fills replica_id[1] from the DENSE TP group "
                "(0.16.1 core/utils.py:1017-1020; 0.19.2 the same)",
         checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261202-122731-witness.md) "
@@ -320,6 +361,9 @@ KNOWN = (
         replica_rule="expert-tp", drops_expert_amax_on_reload=False,
         golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
         kinds={STATIC_BLOCK: static_block_rule()}, dense_kinds=_DENSE_WITH_STATIC,
+        # the fix has (f) for 0.48.0rc1 only when asked for by name; its cells are skipped
+        # (fix_applies False: the ranks' apply() refuses it unasked), the rule stands ready
+        fixed_kinds={STATIC_BLOCK: fixed_static_block_rule()},
         source=_SRC_048 + "; megatron-core >= 0.16 honours the groups (0.16.1 "
                "transformer/utils.py:81-82, core/utils.py:1009-1020)",
         checked_on="gpu-shared with megatron-core 0.19.2 (docs/runs/20261203-000204-matrix.md) "

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from harness.rank import inject
 from harness.rank.spec import StageSpec
-from harness.records import Patch
+from harness.records import FIX_ENV_KEY, FIX_PARTS_ENV_KEY, Patch
 from harness.tiers import facts, on_cuda
 from harness.topology.topology import Topology
 
@@ -159,7 +159,10 @@ def record_environment() -> None:
     from harness.jsonfile import write_json_atomic
 
     te = sys.modules.get("transformer_engine")
+    fix = sys.modules.get("moe_ckpt_fix")  # imported (as harness.fix) only by a patched stage
     write_json_atomic(Path(os.environ["HARNESS_STAGE_DIR"]) / "environment.json", {
+        FIX_ENV_KEY: fix.applied() if fix else None,
+        FIX_PARTS_ENV_KEY: list(fix.applied_parts()) if fix else [],
         "nvidia-modelopt": modelopt.__version__, "megatron-core": megatron.core.__version__,
         "torch": torch.__version__, "transformer-engine": getattr(te, "__version__", None),
         "modelopt_path": str(Path(modelopt.__file__).parent),

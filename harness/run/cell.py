@@ -118,13 +118,31 @@ def _runtime_layout() -> str:
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell, run: RunDir) -> StageResult:
     """THE place a stage starts: a fresh torchrun, or a warm rank pool (HARNESS_STAGE_MODE)."""
     spec_path = spec.write(stage_dir / "spec.json")
-    timeout_s, env = cell.scenario.stage_timeout_s, _tier_env(spec.tier, cell.scenario.shared_gpu_nccl)
+    timeout_s, env = cell.scenario.stage_timeout_s, rank_env(cell.scenario)
     if stage_mode(spec.tier) == StageMode.POOL:  # pools live in the run directory
         key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run.root, env)
         return POOLS.run(key, spec_path, spec.stage, stage_dir, timeout_s).result()
     fresh = run_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
                       timeout_s=timeout_s, env=env, grace_s=facts(spec.tier).teardown_grace_s)
     return fresh.result()
+
+
+def rank_env(s) -> dict:
+    """The environment a scenario's ranks get beside the controller's, which keys their pool."""
+    return {**_tier_env(s.tier, s.shared_gpu_nccl), **fix_env(s.fix_parts)}
+
+
+def fix_env(parts: tuple[str, ...]) -> dict:
+    """The fix's opt-in parts the ranks install are exactly the scenario's ``fix_parts``
+    (MOE_CKPT_FIX_UNPROVEN; a version the controller's names is kept): what the forecast assumed,
+    and the pool key then never mixes stages with and without them."""
+    import os
+
+    from harness.fix import UNPROVEN_PARTS, UNPROVEN_VAR
+
+    words = [w.strip() for w in os.environ.get(UNPROVEN_VAR, "").split(",")]
+    kept = [w for w in words if w and w not in UNPROVEN_PARTS]
+    return {UNPROVEN_VAR: ",".join(kept + list(parts))}
 
 
 def _tier_env(tier: str, shared_gpu_nccl: bool = False) -> dict:

@@ -60,10 +60,10 @@ def prestart_save_pools(cells, run: RunDir) -> int:
     stage; golden cells have none), so their start and imports overlap what the controller
     does before run_cells (make repro: its GPU checks). Returns how many were started."""
     from harness.launch.pool import PoolKey
-    from harness.run.cell import _tier_env  # the rank environment _launch keys a pool by
+    from harness.run.cell import rank_env  # the rank environment _launch keys a pool by
 
     keys = [PoolKey.of(c.save.world_size, c.scenario.tier, c.scenario.patch, c.scenario.backend,
-                       run.root, _tier_env(c.scenario.tier, c.scenario.shared_gpu_nccl))
+                       run.root, rank_env(c.scenario))
             for c in cells
             if c.load is None and not c.golden and stage_mode(c.scenario.tier) == StageMode.POOL]
     POOLS.prestart(keys)

@@ -50,6 +50,9 @@ class Scenario:
     recipe: str = DEFAULT_RECIPE  # the quantization recipe (harness/model/recipes.py)
     # tier gpu only: NCCL ranks may share GPUs, each its own host (harness/rank/shared_gpu.py)
     shared_gpu_nccl: bool = False
+    # patch fix only: the fix's opt-in parts its ranks are asked to install (moe_ckpt_fix
+    # UNPROVEN_PARTS, e.g. "static-block": part f), through harness/run/cell.py fix_env
+    fix_parts: tuple[str, ...] = ()
 
     def cells(self) -> list["Cell"]:
         if self.goldens:
@@ -93,6 +96,8 @@ class Cell:
             base += "-plain-shards"
         if not s.strict_load:
             base += "-non-strict"
+        if s.fix_parts:  # another patch is another checkpoint
+            base += "-fix-" + "-".join(s.fix_parts)
         if s.size == default_size(s.backend):
             return base
         return f"{base}-m{hashlib.sha256(repr(s.size).encode()).hexdigest()[:8]}"
@@ -130,6 +135,7 @@ class Cell:
             golden_ckpt=s.golden_root / self.golden / "ckpt" if self.golden else None,
             known_gaps=known_gaps(s),
             families=model_families(s.size.moe_shared_expert_intermediate_size is not None),
+            fix_parts=s.fix_parts,
         )
 
     @property

@@ -20,9 +20,10 @@ from harness.check.versions import behaviour_for, installed_modelopt
 from harness.model import modules
 from harness.model.gpt import ModelSize, default_size
 from harness.model.quant import topology_problems
-from harness.model.recipes import Recipe, RecipeError, recipe_problem
+from harness.model.recipes import EXPERTS, Recipe, RecipeError, recipe_problem
 from harness.paths import (GOLDEN_DIR, QUARANTINE_FILE, REPO_ROOT, SCENARIO_DIR, SELECTIONS_FILE,
                            shown_path)
+from harness.records import Patch
 from harness.scenario.cells import KnownGap, Scenario
 from harness.scenario.goldens import golden_manifest, golden_topology
 from harness.scenario.schema import ScenarioError, _explain, _ScenarioSchema, _SizeSchema
@@ -120,7 +121,13 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
     topos["pairs"] = tuple(pairs)
     saved = [(f"saves[{i}]", t) for i, t in enumerate(topos["saves"])]
     saved += [(f"pairs[{i}][0]", p[0]) for i, p in enumerate(pairs)]
-    problems += _recipe_problems(doc.recipe, doc.tier, saved)
+    parts = tuple(doc.fix_parts) if doc.patch == Patch.FIX else ()
+    problems += _recipe_problems(doc.recipe, doc.tier, saved, parts)
+    if doc.fix_parts and doc.patch != Patch.FIX:
+        problems.append(f"fix_parts: {doc.fix_parts} asks harness.fix for parts, which only a "
+                        f"patched stage applies: needs patch = 'fix', not {doc.patch!r}")
+    if len(set(doc.fix_parts)) != len(doc.fix_parts):
+        problems.append(f"fix_parts: {doc.fix_parts} names a part twice")
     problems += strictness_problems(doc.dist_ckpt_strictness)
     if doc.shared_gpu_nccl and doc.tier != Tier.GPU:
         problems.append(f"shared_gpu_nccl: true needs tier 'gpu' (NCCL ranks); tier {doc.tier!r} "
@@ -148,10 +155,12 @@ def strictness_problems(value: str) -> list[str]:
             f"({', '.join(known)})"]
 
 
-def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]]) -> list[str]:
+def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]],
+                     fix_parts: tuple[str, ...] = ()) -> list[str]:
     """The recipe names one (harness/model/recipes.py), the installed ModelOpt has it, and no
     save asks ModelOpt to calibrate what it cannot: static NVFP4 experts at expert TP > 1
-    (refused by ModelOpt), or off CUDA (its static block fake quantization needs triton on a GPU:
+    (refused by ModelOpt; allowed where the fix's part (f) is asked for, ``fix_parts``:
+    harness/check/versions.py kind_rule), or off CUDA (its static block fake quantization needs triton on a GPU:
     "RuntimeError static_blockwise_fp4_fake_quant requires triton", seen on the cpu tier)."""
     try:
         recipe = Recipe.parse(text)
@@ -164,7 +173,7 @@ def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]]) ->
     if facts and facts.expert_kind == STATIC_BLOCK and not on_cuda(tier):
         return [f"recipe: {recipe.label} calibrates static NVFP4 experts, whose fake quantization "
                 f"runs on CUDA only: tiers gpu-shared and gpu, not {tier}"]
-    kind = behaviour_for(installed_modelopt()).kind_rule(facts.expert_kind) if facts else None
+    kind = behaviour_for(installed_modelopt()).kind_rule(facts.expert_kind, EXPERTS, fix_parts) if facts else None
     refusal = kind.save_refused_split if kind else None
     return [f"{key}: {t.id}: recipe {recipe.label} calibrates static NVFP4 experts, which "
             f"nvidia-modelopt refuses at expert TP > 1 ({refusal}); save at etp1"
@@ -225,6 +234,7 @@ def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:
         golden_root=Path(golden_dir),
         recipe=Recipe.parse(doc.recipe).ref,
         shared_gpu_nccl=doc.shared_gpu_nccl,
+        fix_parts=tuple(doc.fix_parts),
     )
 
 

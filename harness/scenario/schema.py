@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Optional, get_args
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from harness.check.logits import LOGITS_REFERENCES
+from harness.fix import UNPROVEN_PARTS
 from harness.model.checkpoint import DEFAULT_STRICTNESS
 from harness.model.gpt import ModelSize
 from harness.model.modules import HYBRID_PATTERN_RE, HYBRID_PATTERN_RULE, KINDS, SCORE_FUNCTIONS
@@ -82,6 +83,8 @@ class _ScenarioSchema(_Schema):
     tier: Literal[TIERS]
     backend: Literal[BACKENDS]
     patch: Literal[PATCHES] = Patch.NONE.value
+    # patch "fix" only: the fix's opt-in parts the ranks install (moe_ckpt_fix UNPROVEN_PARTS)
+    fix_parts: list[Literal[tuple(UNPROVEN_PARTS)]] = []
     recipe: Text = DEFAULT_RECIPE
     shared_gpu_nccl: bool = False
     expect: Literal[EXPECT_MODES] = ExpectMode.ORACLE.value
@@ -104,7 +107,7 @@ class _ScenarioSchema(_Schema):
 
 _CHOICES = {"tier": TIERS, "backend": BACKENDS, "patch": PATCHES, "expect": EXPECT_MODES,
             "logits_reference": LOGITS_REFERENCES, "kind": KINDS,
-            "moe_router_score_function": SCORE_FUNCTIONS}
+            "moe_router_score_function": SCORE_FUNCTIONS, "fix_parts": tuple(UNPROVEN_PARTS)}
 
 
 _PATTERN_RULES = {NAME_RE: _NAME_RULE, HYBRID_PATTERN_RE: HYBRID_PATTERN_RULE}
@@ -163,10 +166,12 @@ def _explain(err: dict, top: type[BaseModel] = _ScenarioSchema) -> str:
         return f"{where}: unknown key ({hint}allowed: {', '.join(allowed)})"
     if kind == "missing":
         return f"{where}: required key missing"
-    if kind == "literal_error":
-        choices = _CHOICES.get(loc[-1])
+    if kind == "literal_error":  # a list's item: the list's key names the choices
+        choices = _CHOICES.get(next((p for p in reversed(loc) if not isinstance(p, int)), None))
         allowed = ", ".join(choices) if choices else ctx.get("expected", "")
-        return f"{where}: {_shown(value)} is not one of {allowed}"
+        close = difflib.get_close_matches(str(value), choices or (), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{where}: {_shown(value)} is not one of {allowed}{' (' + hint.strip() + ')' if hint else ''}"
     if kind in _WANTED:
         got = _TOML_TYPE.get(type(value), type(value).__name__)
         return f"{where}: expected {_WANTED[kind]}, got {got} {_shown(value)}"
