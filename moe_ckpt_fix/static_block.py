@@ -347,6 +347,16 @@ DESCRIPTION = ("(f) static NVFP4 expert block _amax saved whole in ModelOpt's (N
                "with _global_amax the max over the expert TP group")
 
 
+def calls_finalize(calibrate) -> bool:
+    """Whether ModelOpt's ``max_calibrate`` calls ``_finalize_with_shared_state`` (where the
+    global amax is set), read through its decorators: 0.47.0's is wrapped (torch.no_grad), and
+    the wrapper's own code names nothing of it (seen on the H100, 2026-12-06: part (f) refused
+    to install on the real stack while every cpu test passed)."""
+    import inspect
+
+    return "_finalize_with_shared_state" in inspect.unwrap(calibrate).__code__.co_names
+
+
 def prepare(mp):
     """Check ModelOpt's megatron plugin ``mp`` (0.47.0 or 0.48.0rc1) and its calibration and
     return the function that installs (f) (and returns ``DESCRIPTION``): a refusal comes here,
@@ -359,7 +369,7 @@ def prepare(mp):
 
     grouped = mp._QuantMegatronTEGroupedLinear
     calibrate = model_calib.max_calibrate
-    if not getattr(calibrate, MARK, False) and "_finalize_with_shared_state" not in calibrate.__code__.co_names:
+    if not getattr(calibrate, MARK, False) and not calls_finalize(calibrate):
         raise Refused("moe_ckpt_fix: max_calibrate does not call _finalize_with_shared_state (where "
                       "the global amax is set); not the source this fix was written for. Nothing "
                       "was patched.")
