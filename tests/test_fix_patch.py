@@ -24,6 +24,7 @@ import harness.fix as fix
 from moe_ckpt_fix import modelopt_0_47_0 as fx
 from harness.launch.bounded import Finished
 from tests.helpers import bounded
+from tests.rank_programs.static_block_reshard import Group  # stands in for a ProcessGroup
 
 REPO = Path(__file__).resolve().parents[1]
 DIFF = REPO / "patches" / "nvidia-modelopt-0.47.0-expert-amax-resharding.diff"
@@ -144,7 +145,6 @@ def test_the_static_diff_saves_and_loads_each_recorded_block_amax_as_the_fix_doe
 
     from harness.check.keys import EXPERT_WEIGHT
     from moe_ckpt_fix import static_block
-    from tests.rank_programs.static_block_reshard import Group
 
     upstream, upstream_fits = (static_diff_functions[n] for n in ("_block_amax_replicated_whole", "_block_amax_fits"))
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
@@ -304,19 +304,6 @@ def test_apply_without_transformer_engine_refuses_and_patches_nothing():
 
 
 # --- (a) replica-id rule, through megatron-core's own builder and validator ------------------------
-class _Group:
-    """Stands in for a torch ProcessGroup: megatron only asks rank() and size()."""
-
-    def __init__(self, rank: int, size: int):
-        self._rank, self._size = rank, size
-
-    def rank(self):
-        return self._rank
-
-    def size(self):
-        return self._size
-
-
 def _expert_amax_entries(topo_id: str, rule: str, local_experts: int = 2, rows: int = 0):
     """Per-expert amax ShardedTensors of every rank, built the way 0.47.0 builds them.
 
@@ -337,8 +324,8 @@ def _expert_amax_entries(topo_id: str, rule: str, local_experts: int = 2, rows: 
     by_key, coords = defaultdict(list), {}
     for c in rank_coords(topo):
         coords[c.rank] = c
-        etp, edp = _Group(c.etp, topo.etp), _Group(c.edp, topo.edp)
-        dense_tp, dense_dp = _Group(c.tp, topo.tp), _Group(c.dp, topo.dp)
+        etp, edp = Group(c.etp, topo.etp), Group(c.edp, topo.edp)
+        dense_tp, dense_dp = Group(c.tp, topo.tp), Group(c.dp, topo.dp)
         for i in range(local_experts):
             key = f"{i}.weight_quantizer._amax"
             value = torch.ones(rows) if rows else torch.ones(1)
