@@ -53,9 +53,16 @@ UNPROVEN_VAR = "MOE_CKPT_FIX_UNPROVEN"  # e.g. "static-block" or "0.48.0rc1,stat
 EXPERT_AMAX_PART, STATIC_BLOCK_PART = "expert-amax", "static-block"
 
 
+def asked_words(environ=os.environ) -> list[str]:
+    """What UNPROVEN_VAR names, in order: versions and parts of UNPROVEN_PARTS."""
+    return [w.strip() for w in environ.get(UNPROVEN_VAR, "").split(",") if w.strip()]
+
+
 def asked_for(word: str) -> bool:
     """Whether UNPROVEN_VAR names ``word`` (a version or a part of UNPROVEN_PARTS)."""
-    return word in {w.strip() for w in os.environ.get(UNPROVEN_VAR, "").split(",")}
+    return word in asked_words()
+
+
 # Where its premise holds (per-expert amax take the DENSE TP rank: megatron-core >= 0.16, no
 # expert_dist_ckpt_decorator); 0.19.2 is checked on the GPU, 0.16.x by the same source lines.
 SUPPORTED_MCORE_VERSIONS = ("0.16.0", "0.16.1", "0.19.2")
@@ -162,6 +169,7 @@ __all__ = [
     "UNPROVEN_MODELOPT_VERSIONS",
     "UNPROVEN_PARTS",
     "asked_for",
+    "asked_words",
     "UNPROVEN_VAR",
     "WHEEL",
     "Refused",

@@ -136,12 +136,9 @@ def fix_env(parts: tuple[str, ...]) -> dict:
     """The fix's opt-in parts the ranks install are exactly the scenario's ``fix_parts``
     (MOE_CKPT_FIX_UNPROVEN; a version the controller's names is kept): what the forecast assumed,
     and the pool key then never mixes stages with and without them."""
-    import os
+    from harness.fix import UNPROVEN_PARTS, UNPROVEN_VAR, asked_words
 
-    from harness.fix import UNPROVEN_PARTS, UNPROVEN_VAR
-
-    words = [w.strip() for w in os.environ.get(UNPROVEN_VAR, "").split(",")]
-    kept = [w for w in words if w and w not in UNPROVEN_PARTS]
+    kept = [w for w in asked_words() if w not in UNPROVEN_PARTS]
     return {UNPROVEN_VAR: ",".join(kept + list(parts))}
 
 
