@@ -216,6 +216,34 @@ def test_the_fix_is_skipped_with_the_reason_where_it_does_not_apply():
     assert version_skip_reason(cell.plan, V.behaviour_for("0.47.0"), "0.47.0") is None
 
 
+def test_a_fix_cell_asking_only_for_part_f_runs_on_0_48_0rc1(monkeypatch):
+    """0.48.0rc1 has parts a-e itself and part (f) from moe_ckpt_fix/modelopt_0_48_0rc1.py: a
+    patched cell whose scenario asks for (f) runs (its ranks are asked for the version and the
+    part), judged by the fixed static-block rule; megatron-core 0.15, where the fix refuses to
+    apply (moe_ckpt_fix.SUPPORTED_MCORE_VERSIONS), still skips it."""
+    from harness.check.expectation import expectation
+    from harness.run.cell import fix_env
+    import harness.check.versions as versions
+
+    cell = _cell("gpu-ultra-recipe-reshard",
+                 "gpu-ultra-recipe-reshard[save=tp4-etp1-ep8-pp1,load=tp2-etp2-ep4-pp1]")
+    assert cell.plan.fix_parts == ("static-block",)
+    on_048 = V.rules_for("0.48.0rc1", "0.19.2")
+    assert version_skip_reason(cell.plan, on_048, "0.48.0rc1", "0.19.2") is None
+    assert version_skip_reason(cell.plan, V.rules_for("0.48.0rc1", "0.15.3"), "0.48.0rc1", "0.15.3")
+    kinds = {"experts": ("static-block",), "shared_experts": ("scalar",), "other": ("scalar",)}
+    assert expectation(cell.plan, on_048, kinds, cell.plan.fix_parts)[0] == "pass"
+    assert expectation(cell.plan, on_048, kinds, ())[0] == "reshard-refused"
+    whole_fix = _cell("gpu-fix", "gpu-fix[save=tp2-etp1-ep2-pp1,save-only]")
+    assert version_skip_reason(whole_fix.plan, on_048, "0.48.0rc1", "0.19.2")
+    monkeypatch.delenv("MOE_CKPT_FIX_UNPROVEN", raising=False)
+    monkeypatch.setattr(versions, "installed_modelopt", lambda: "0.48.0rc1")
+    assert fix_env(("static-block",)) == {"MOE_CKPT_FIX_UNPROVEN": "0.48.0rc1,static-block"}
+    assert fix_env(()) == {"MOE_CKPT_FIX_UNPROVEN": ""}
+    monkeypatch.setattr(versions, "installed_modelopt", lambda: "0.47.0")
+    assert fix_env(("static-block",)) == {"MOE_CKPT_FIX_UNPROVEN": "static-block"}
+
+
 def test_a_plugin_that_needs_te_is_a_skip_reason_on_cpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "modelopt.torch.quantization.plugins.megatron", None)
     V.plugin_problem.cache_clear()

@@ -237,6 +237,10 @@ class Behaviour:
     drops_expert_amax_on_reload: bool
     golden_restore: dict[str, str] = field(default_factory=dict)  # golden layout -> outcome
     fix_applies: bool = False  # harness.fix (written against 0.47.0's private methods)
+    # Opt-in parts of harness.fix that exist for this pair although the whole fix does not
+    # (0.48.0rc1 has parts a-e itself, and part (f) from moe_ckpt_fix/modelopt_0_48_0rc1.py): a
+    # patched cell whose scenario asks for only these parts runs, the others are skipped.
+    fix_parts_apply: tuple[str, ...] = ()
     # Its megatron quantization plugin imports transformer_engine unconditionally: on a
     # machine without TE the plugin is silently absent, so cpu-tier quantization means nothing.
     plugin_needs_te: bool = False
@@ -361,8 +365,9 @@ KNOWN = (
         replica_rule="expert-tp", drops_expert_amax_on_reload=False,
         golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
         kinds={STATIC_BLOCK: static_block_rule()}, dense_kinds=_DENSE_WITH_STATIC,
-        # the fix has (f) for 0.48.0rc1 only when asked for by name; its cells are skipped
-        # (fix_applies False: the ranks' apply() refuses it unasked), the rule stands ready
+        # the fix has only part (f) for 0.48.0rc1, asked for by name (the version and the part):
+        # a patched cell whose scenario asks for (f) runs, one that needs the whole fix is skipped
+        fix_parts_apply=(STATIC_BLOCK_PART,),
         fixed_kinds={STATIC_BLOCK: fixed_static_block_rule()},
         source=_SRC_048 + "; megatron-core >= 0.16 honours the groups (0.16.1 "
                "transformer/utils.py:81-82, core/utils.py:1009-1020)",
