@@ -17,40 +17,36 @@ repository.
 
 The fix is tied to exact modelopt versions because it wraps private methods whose bodies it
 relies on; any other version is refused rather than patched blindly. 0.47.0 gets every part
-(a-f) and is proven on a GPU. 0.48.0rc1 (which fixed a-e itself) gets part (f) only, static NVFP4
-experts across expert TP, and is NOT YET PROVEN ON A GPU: it is applied only when asked for by
-name (``apply(allow_unproven=True)`` or ``MOE_CKPT_FIX_UNPROVEN=0.48.0rc1``), else refused. This
-package imports neither torch nor modelopt until ``apply()`` runs, and nothing of the harness
-ever.
+(a-f); 0.48.0rc1 (which fixed a-e itself) gets part (f) only, static NVFP4 experts across expert
+TP. Both are proven on a GPU (docs/fix.md names the runs). This package imports neither torch nor
+modelopt until ``apply()`` runs, and nothing of the harness ever.
 """
 from __future__ import annotations
 
 import os
 
-__version__ = "0.2.0"  # the wheel's version (tools/fix-wheel/pyproject.toml reads it)
+__version__ = "0.3.0"  # the wheel's version (tools/fix-wheel/pyproject.toml reads it)
 DISTRIBUTION = "moe-ckpt-fix"
 WHEEL = f"moe_ckpt_fix-{__version__}-py3-none-any.whl"  # what `make fix-wheel` writes into dist/
 # The whole change to a job's pipeline (README "Using the fix"; the gate's next step names it).
 JOB_CHANGE = f"pip install --no-deps {WHEEL} and MOE_CKPT_FIX=1 in the job's environment"
 
 SUPPORTED_MODELOPT_VERSION = "0.47.0"  # every part, proven on a GPU
-# Versions this package has a part for that no GPU run has proven yet: applied only when asked
-# for by name (``apply(allow_unproven=True)``, or UNPROVEN_VAR set to the version), else refused.
-# A version moves to the proven ones when a GPU record of its cells exists (docs/fix.md).
-UNPROVEN_MODELOPT_VERSIONS = {
-    "0.48.0rc1": "part (f) only (static NVFP4 experts across expert TP; 0.48.0rc1 has a-e "
-                 "itself), not yet proven on a GPU",
-}
-# Parts this package has that no GPU run has proven yet: installed only when asked for by name
-# (UNPROVEN_VAR lists them, commas between; the harness asks, its GPU cells are the proof), so a
-# job that sets only MOE_CKPT_FIX=1 runs exactly what its GPU evidence covers.
-UNPROVEN_PARTS = {
-    "static-block": "part (f), static NVFP4 expert block amax across expert TP (issue 54): tested "
-                    "on the cpu tier with real megatron-core, not yet proven on a GPU",
-}
-UNPROVEN_VAR = "MOE_CKPT_FIX_UNPROVEN"  # e.g. "static-block" or "0.48.0rc1,static-block"
 # The names ``applied_parts()`` gives what it installed by: parts (a)-(e) (0.47.0 only) and (f).
 EXPERT_AMAX_PART, STATIC_BLOCK_PART = "expert-amax", "static-block"
+PARTS = {
+    EXPERT_AMAX_PART: "parts (a)-(e), per-expert amax across TP != ETP and through load_state_dict",
+    STATIC_BLOCK_PART: "part (f), static NVFP4 expert block amax across expert TP (issue 54)",
+}
+# Releases that have parts (a)-(e) themselves: ``apply()`` installs only these parts there.
+PARTS_ONLY_VERSIONS = {"0.48.0rc1": (STATIC_BLOCK_PART,)}
+# A part or version with no GPU record yet is applied only when asked for by name
+# (``apply(allow_unproven=True)``, or UNPROVEN_VAR naming it), else refused or left out; it
+# moves to the proven ones when a GPU record of its cells exists (docs/fix.md). None at present:
+# part (f) and 0.48.0rc1 moved on 2026-12-06 (docs/runs/20261206-2027-device-session.md).
+UNPROVEN_MODELOPT_VERSIONS: dict[str, str] = {}
+UNPROVEN_PARTS: dict[str, str] = {}
+UNPROVEN_VAR = "MOE_CKPT_FIX_UNPROVEN"  # version or part names, commas between
 
 
 def asked_words(environ=os.environ) -> list[str]:
@@ -94,18 +90,21 @@ def apply(allow_unproven: bool = False) -> str:
     """Patch the installed nvidia-modelopt in this process; idempotent.
 
     Returns a short description of what is patched. Raises ``UnsupportedModeloptVersion`` on any
-    nvidia-modelopt but 0.47.0, or one of ``UNPROVEN_MODELOPT_VERSIONS`` asked for by name
-    (``allow_unproven``, or ``MOE_CKPT_FIX_UNPROVEN=<version>``), and ``TransformerEngineMissing``
+    nvidia-modelopt but 0.47.0 (every part), a ``PARTS_ONLY_VERSIONS`` release (its parts), or one
+    of ``UNPROVEN_MODELOPT_VERSIONS`` asked for by name (``allow_unproven``, or
+    ``MOE_CKPT_FIX_UNPROVEN=<version>``), and ``TransformerEngineMissing``
     when Transformer Engine is not importable (the TEGroupedMLP plugin classes then do not exist,
     and neither does the bug).
     """
     global _applied_version, _applied_parts
     installed = _installed_modelopt_version()
     asked = allow_unproven or asked_for(installed or "")
-    if installed != SUPPORTED_MODELOPT_VERSION and not (installed in UNPROVEN_MODELOPT_VERSIONS and asked):
+    if (installed != SUPPORTED_MODELOPT_VERSION and installed not in PARTS_ONLY_VERSIONS
+            and not (installed in UNPROVEN_MODELOPT_VERSIONS and asked)):
         unproven = UNPROVEN_MODELOPT_VERSIONS.get(installed)
         raise UnsupportedModeloptVersion(
-            f"moe_ckpt_fix supports nvidia-modelopt=={SUPPORTED_MODELOPT_VERSION} only, but "
+            f"moe_ckpt_fix supports nvidia-modelopt=={SUPPORTED_MODELOPT_VERSION} (and part (f) on "
+            f"{', '.join(PARTS_ONLY_VERSIONS)}) only, but "
             f"{'nvidia-modelopt is not installed' if installed is None else f'{installed} is installed'}. "
             "Nothing was patched. "
             + (f"For {installed} this package has {unproven}: set {UNPROVEN_VAR}={installed} "
@@ -128,9 +127,7 @@ def apply(allow_unproven: bool = False) -> str:
         from . import modelopt_0_47_0 as patcher
     else:
         from . import modelopt_0_48_0rc1 as patcher
-    # 0.48.0rc1 has only part (f), asked for with its version; on 0.47.0 it is a part of its own
-    description = patcher.apply(static=allow_unproven or asked_for("static-block")) \
-        if installed == SUPPORTED_MODELOPT_VERSION else patcher.apply()
+    description = patcher.apply()
     _applied_version, _applied_parts = __version__, patcher.parts()
     return description
 
@@ -143,8 +140,8 @@ def applied() -> str | None:
 
 def applied_parts() -> tuple[str, ...]:
     """The parts ``apply()`` installed in this process, by name (EXPERT_AMAX_PART,
-    STATIC_BLOCK_PART), () before it has: what a record of the run names, since part (f) is
-    installed only when asked for and a judge must not assume it."""
+    STATIC_BLOCK_PART), () before it has: what a record of the run names, since the parts
+    differ per release (and per wheel version) and a judge must not assume them."""
     return _applied_parts
 
 
@@ -166,6 +163,8 @@ __all__ = [
     "JOB_CHANGE",
     "SUPPORTED_MCORE_VERSIONS",
     "SUPPORTED_MODELOPT_VERSION",
+    "PARTS",
+    "PARTS_ONLY_VERSIONS",
     "UNPROVEN_MODELOPT_VERSIONS",
     "UNPROVEN_PARTS",
     "asked_for",

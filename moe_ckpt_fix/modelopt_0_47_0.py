@@ -196,10 +196,8 @@ def _require_calls(func, names, what):
         )
 
 
-def apply(static: bool = False) -> str:
-    """Install (a) to (e), and (f) when ``static`` (it is not proven on a GPU yet: asked for by
-    name, moe_ckpt_fix.UNPROVEN_PARTS). Called through ``moe_ckpt_fix.apply()`` after the
-    version check."""
+def apply() -> str:
+    """Install (a) to (f). Called through ``moe_ckpt_fix.apply()`` after the version check."""
     global _applied, _parts
     if _applied is not None:
         return _applied
@@ -225,7 +223,7 @@ def apply(static: bool = False) -> str:
                    "_ParallelLinear.modelopt_post_restore")
 
     # Wrap before installing anything, so a failure leaves modelopt untouched.
-    install_static = static_block.prepare(mp) if static else None
+    install_static = static_block.prepare(mp)
     new_make = mp.make_sharded_tensors_for_checkpoint
     if not getattr(new_make, _MARK, False):
         new_make = wrap_make_sharded_tensors(new_make)
@@ -247,11 +245,9 @@ def apply(static: bool = False) -> str:
     # quantize / restore time, after this apply()).
     mp.quant_module_set_extra_state = new_extra
     legacy_load.install_dist_load()
-    static = install_static() if install_static else (
-        "(f) not applied: static NVFP4 expert block amax across expert TP is opt-in until a GPU "
-        "run proves it (MOE_CKPT_FIX_UNPROVEN=static-block)")
+    static = install_static()
 
-    _parts = (EXPERT_AMAX_PART,) + ((STATIC_BLOCK_PART,) if install_static else ())
+    _parts = (EXPERT_AMAX_PART, STATIC_BLOCK_PART)
     _applied = (
         "nvidia-modelopt 0.47.0 patched (moe_ckpt_fix): "
         "(a) per-expert weight_quantizer sharded entries of _QuantMegatronTEGroupedLinear use the "

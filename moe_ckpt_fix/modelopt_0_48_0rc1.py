@@ -1,12 +1,12 @@
-"""The fix for nvidia-modelopt 0.48.0rc1: part (f) only, NOT YET PROVEN ON A GPU.
+"""The fix for nvidia-modelopt 0.48.0rc1: part (f) only.
 
 0.48.0rc1 has parts a-e of the 0.47.0 fix itself (per-expert amax on the expert TP/DP groups,
 GroupedQuantizer members kept through ``modelopt_post_restore``; harness/check/versions.py of the
 moe-ckpt-harness repository cites the lines), but not (f): its ``_QuantMegatronTEGroupedLinear``,
 ``_MegatronTEGroupedMLP``, ``_check_nvfp4_static_tp_supported`` (plugins/megatron.py) and
 ``max_calibrate`` (model_calib.py) are 0.47.0's where (f) reads them, so (f) is the same code
-(moe_ckpt_fix/static_block.py). ``moe_ckpt_fix.apply()`` reaches this module only when 0.48.0rc1
-is asked for by name (``UNPROVEN_VAR``), until a GPU record of its cells exists.
+(moe_ckpt_fix/static_block.py). Proven on a GPU with the Ultra and Super recipes' reshard grids
+(docs/fix.md).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def apply() -> str:
             "moe_ckpt_fix: modelopt's Transformer Engine plugin classes (_QuantMegatronTEGroupedLinear, "
             "_MegatronTEGroupedMLP) are not defined here. Nothing was patched.")
     install = static_block.prepare(mp)
-    _applied = ("nvidia-modelopt 0.48.0rc1 patched (moe_ckpt_fix, NOT YET PROVEN ON A GPU): "
+    _applied = ("nvidia-modelopt 0.48.0rc1 patched (moe_ckpt_fix, part (f) only: the release has "
+                "(a)-(e) itself): "
                 + install())
     return _applied

@@ -234,14 +234,35 @@ def merged_pair(raw, pair) -> dict[str, dict]:
     return out
 
 
-def expected_verdict(raw, job, pair) -> str | None:
+def fix_patches(pair, parts) -> tuple[bool, bool]:
+    """(whether the fix's package patches ``pair`` for a scenario needing ``parts``, whether with
+    only parts the release lacks), from moe_ckpt_fix's own version lists."""
+    import moe_ckpt_fix as fix
+
+    modelopt, mcore = pair
+    if mcore not in fix.SUPPORTED_MCORE_VERSIONS:
+        return False, False
+    if modelopt == fix.SUPPORTED_MODELOPT_VERSION:
+        return True, False
+    only = fix.PARTS_ONLY_VERSIONS.get(modelopt, ())
+    runs = bool(parts) and set(parts) <= set(only)
+    return runs, runs
+
+
+def expected_verdict(raw, job, pair, patched: bool = False) -> str | None:
     """The verdict word the quarantine rules (harness/report/verdict.py's docstring) give the
     pair's records of ``job``'s cells, each re-judged by today's judge (harness/check/rejudge.py);
-    None: nothing decides."""
+    None: nothing decides. ``patched``: for a pipeline with the fix where the fix patches the
+    pair: judged on the fix cells alone where it has only parts the release lacks, and
+    undecided while fix cells are missing."""
     from harness.check.rejudge import rejudge_record
     from harness.report import verdict
 
     witness, fix = verdict.evidence_cells(job)
+    runs, parts_only = fix_patches(pair, fix[0].scenario.fix_parts if fix else ())
+    patched = patched and runs
+    if patched and parts_only:
+        witness = []
     merged = merged_pair(raw, pair)
 
     def outcomes(cells):
@@ -257,12 +278,12 @@ def expected_verdict(raw, job, pair) -> str | None:
     w, f = outcomes(witness), outcomes(fix)
     if "unexpected-failure" in w + f:
         return verdict.UNEXPECTED
-    if None not in w and set(w) <= {"pass", "unexpected-pass", "known-refusal"} \
+    if w and None not in w and set(w) <= {"pass", "unexpected-pass", "known-refusal"} \
             and set(w) != {"known-refusal"}:
         return verdict.SAFE
     if f and None not in f and set(f) <= {"pass", "known-refusal"} and set(f) != {"known-refusal"}:
         return verdict.SAFE_WITH_PATCH
-    if "bug-reproduced" in w:
+    if "bug-reproduced" in w and not (patched and None in f):
         return verdict.BLOCKED
     return None
 

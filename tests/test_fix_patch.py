@@ -239,47 +239,40 @@ def test_apply_refuses_other_modelopt_versions(monkeypatch, installed):
     assert (installed or "not installed") in msg
 
 
-@pytest.mark.parametrize("value, allow, static", [
-    (None, False, False), ("1", False, False), ("0.48.0rc1", False, False),
-    ("static-block", False, True), ("0.48.0rc1, static-block", False, True), (None, True, True)])
-def test_the_static_block_part_is_installed_only_when_asked_for(monkeypatch, value, allow, static):
-    """Part (f) has no GPU record yet: MOE_CKPT_FIX=1 alone (a job's whole change) installs (a)-(e)
-    on 0.47.0, exactly what the committed GPU evidence covers; (f) only when named
-    (MOE_CKPT_FIX_UNPROVEN=static-block, or apply(allow_unproven=True) as the harness's ranks do)."""
-    from moe_ckpt_fix import modelopt_0_47_0
+@pytest.mark.parametrize("installed, module, parts", [
+    ("0.47.0", "modelopt_0_47_0", ("expert-amax", "static-block")),
+    ("0.48.0rc1", "modelopt_0_48_0rc1", ("static-block",))])
+@pytest.mark.parametrize("value", [None, "static-block", "0.48.0rc1"])
+def test_every_proven_part_is_installed_by_the_switch_alone(monkeypatch, installed, module, parts, value):
+    """Part (f) and 0.48.0rc1 have GPU records (docs/fix.md): MOE_CKPT_FIX=1 alone (a job's whole
+    change) installs every part the release lacks, whatever MOE_CKPT_FIX_UNPROVEN says; the
+    release's own parts (0.48.0rc1 has a-e) are not installed again."""
+    import importlib
 
-    asked = []
+    patcher = importlib.import_module(f"moe_ckpt_fix.{module}")
+    called = []
     monkeypatch.setattr(fix, "_applied_version", None)  # restored after: nothing was patched
-    monkeypatch.setattr(fix, "_installed_modelopt_version", lambda: fix.SUPPORTED_MODELOPT_VERSION)
+    monkeypatch.setattr(fix, "_installed_modelopt_version", lambda: installed)
     monkeypatch.setattr(fix, "_installed_mcore_version", lambda: fix.SUPPORTED_MCORE_VERSIONS[-1])
-    monkeypatch.setattr(modelopt_0_47_0, "apply", lambda static=False: asked.append(static) or "ok")
+    monkeypatch.setattr(patcher, "apply", lambda: called.append(module) or "ok")
+    monkeypatch.setattr(patcher, "parts", lambda: parts, raising=False)
     monkeypatch.delenv(fix.UNPROVEN_VAR, raising=False)
     if value is not None:
         monkeypatch.setenv(fix.UNPROVEN_VAR, value)
-    assert fix.apply(allow_unproven=allow) == "ok"
-    assert asked == [static]
+    assert fix.apply() == "ok" and called == [module]
+    assert fix.PARTS_ONLY_VERSIONS.get(installed, tuple(fix.PARTS)) == parts
 
 
-def test_an_unproven_version_is_refused_unless_asked_for_by_name(monkeypatch):
-    """0.48.0rc1 has part (f) of the fix, not yet proven on a GPU: refused by default, saying so
-    and how to ask for it; asked for (argument, or the variable naming that version), it passes
-    the version gate (here it then stops at the missing Transformer Engine)."""
+def test_0_48_0rc1_passes_the_version_gate_without_asking(monkeypatch):
+    """0.48.0rc1 gets part (f) with MOE_CKPT_FIX=1 alone (no MOE_CKPT_FIX_UNPROVEN): past the
+    version gate, here it stops at the missing Transformer Engine, having patched nothing."""
     monkeypatch.setattr(fix, "_installed_modelopt_version", lambda: "0.48.0rc1")
+    monkeypatch.setattr(fix, "_installed_mcore_version", lambda: fix.SUPPORTED_MCORE_VERSIONS[-1])
     monkeypatch.delenv(fix.UNPROVEN_VAR, raising=False)
-    for value in (None, "1", "0.47.0"):  # unset, not a version, another version
-        if value is not None:
-            monkeypatch.setenv(fix.UNPROVEN_VAR, value)
-        with pytest.raises(fix.UnsupportedModeloptVersion) as err:
-            fix.apply()
-        assert "not yet proven on a GPU" in str(err.value) and f"{fix.UNPROVEN_VAR}=0.48.0rc1" in str(err.value)
     if _te_importable():
         return
-    monkeypatch.setenv(fix.UNPROVEN_VAR, "0.48.0rc1")
     with pytest.raises(fix.TransformerEngineMissing):
         fix.apply()
-    monkeypatch.delenv(fix.UNPROVEN_VAR)
-    with pytest.raises(fix.TransformerEngineMissing):
-        fix.apply(allow_unproven=True)
     assert fix.applied() is None
     import modelopt.torch.quantization.model_calib as model_calib
 

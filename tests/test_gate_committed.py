@@ -50,8 +50,8 @@ def _gate(capsys, job_id, pair, patched) -> tuple[int, str]:
 @pytest.mark.parametrize("pair", PAIRS, ids=[f"{m}+{c}" for m, c in PAIRS])
 @pytest.mark.parametrize("job_id", [NANO, ULTRA])
 def test_the_gate_over_the_committed_records_gives_the_rules_verdict(capsys, job_id, pair):
-    word = expected_verdict(RAW, gate.job_of(job_id), pair)
     for patched in (False, True):
+        word = expected_verdict(RAW, gate.job_of(job_id), pair, patched)
         rc, out = _gate(capsys, job_id, pair, patched)
         last = out.splitlines()[-1]
         if word is None:
@@ -67,18 +67,26 @@ def test_the_gate_over_the_committed_records_gives_the_rules_verdict(capsys, job
 
 
 def test_every_rows_pair_of_the_readme_is_decided_by_the_committed_records():
-    """The README's rows (0.47.0 unpatched and with the fix, 0.48.0rc1) decide on megatron-core
-    0.19.2 and 0.16.1 for both jobs: the records hold the collision unpatched on 0.47.0, the
-    fix's passes, and 0.48.0rc1's passes (its Ultra reloads at another expert TP a known
-    refusal)."""
+    """The README's rows decide on megatron-core 0.19.2 and 0.16.1 for both jobs: the records hold
+    the collision unpatched on 0.47.0, the fix's passes, and 0.48.0rc1's passes (its Ultra
+    reloads at another expert TP a known refusal). The Ultra job's fix evidence is the reshard
+    grid of wheel 0.3.0 (part f): recorded on megatron-core 0.19.2 only, under 0.47.0 and
+    0.48.0rc1; on 0.16.1 the patched pipeline is not decided."""
     for job_id in (NANO, ULTRA):
         for mcore in ("0.19.2", "0.16.1"):
             job = gate.job_of(job_id)
-            assert expected_verdict(RAW, job, ("0.47.0", mcore)) == verdict.SAFE_WITH_PATCH, (job_id, mcore)
+            patched_047 = expected_verdict(RAW, job, ("0.47.0", mcore), patched=True)
+            if job_id == ULTRA and mcore == "0.16.1":
+                assert expected_verdict(RAW, job, ("0.47.0", mcore)) == verdict.BLOCKED
+                assert patched_047 is None
+            else:
+                assert patched_047 == verdict.SAFE_WITH_PATCH, (job_id, mcore)
             assert expected_verdict(RAW, job, ("0.48.0rc1", mcore)) == verdict.SAFE, (job_id, mcore)
         witness, _ = verdict.evidence_cells(gate.job_of(job_id))
         merged = merged_pair(RAW, ("0.47.0", "0.19.2"))
         assert "bug-reproduced" in {merged[c.id]["outcome"] for c in witness if c.id in merged}
+    ultra = gate.job_of(ULTRA)
+    assert expected_verdict(RAW, ultra, ("0.48.0rc1", "0.19.2"), patched=True) == verdict.SAFE_WITH_PATCH
 
 
 def test_the_ultra_gate_on_0_16_1_judges_the_three_files_that_hold_its_cells(capsys):
@@ -103,7 +111,8 @@ def test_the_ultra_gate_on_0_16_1_judges_the_three_files_that_hold_its_cells(cap
 
 def test_the_next_step_names_every_change_of_the_pipeline(capsys):
     """Patched on 0.47.0: the release, the fix's wheel and switch, the allow-to-fail line. On
-    0.48.0rc1 the fix refuses the release: a patched pipeline must drop it."""
+    0.48.0rc1 the fix has only part (f), which the Nano job's recipe does not reach: a patched
+    pipeline drops it."""
     job = gate.job_of(NANO)
     _, out = _gate(capsys, NANO, ("0.47.0", "0.19.2"), True)
     step = out.splitlines()[-1]
@@ -120,13 +129,12 @@ def test_the_next_step_names_every_change_of_the_pipeline(capsys):
 
 
 def test_one_file_without_the_jobs_cells_points_at_the_committed_records(capsys):
-    """The newest 0.48.0rc1 file holds none of the jobs' cells: the gate says so in one line
-    and names the command that judges the pair's committed records, which decide (no GPU host
-    needed: the file given came from one)."""
-    newest = max((r for r in RAW if {(c["modelopt"], c["mcore"]) for c in r[2]} == {("0.48.0rc1", "0.19.2")}),
-                 key=lambda r: r[1])
+    """A 0.48.0rc1 file that holds none of the jobs' cells (the newest such): the gate says so in
+    one line and names the command that judges the pair's committed records, which decide (no
+    GPU host needed: the file given came from one)."""
     ids = {c.id for j in (NANO, ULTRA) for cells in verdict.evidence_cells(gate.job_of(j)) for c in cells}
-    assert not ids & {c["cell_id"] for c in newest[2]}, newest[0]
+    newest = max((r for r in RAW if {(c["modelopt"], c["mcore"]) for c in r[2]} == {("0.48.0rc1", "0.19.2")}
+                  and not ids & {c["cell_id"] for c in r[2]}), key=lambda r: r[1])
     docs = verdict.read_docs([COMMITTED_RUNS / newest[0]])
     assert gate.main(docs, NANO, False) == gate.EXIT_UNDECIDED
     out = capsys.readouterr().out

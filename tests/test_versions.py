@@ -218,8 +218,7 @@ def test_the_fix_is_skipped_with_the_reason_where_it_does_not_apply():
 
 def test_a_fix_cell_asking_only_for_part_f_runs_on_0_48_0rc1(monkeypatch):
     """0.48.0rc1 has parts a-e itself and part (f) from moe_ckpt_fix/modelopt_0_48_0rc1.py: a
-    patched cell whose scenario asks for (f) runs (its ranks are asked for the version and the
-    part), judged by the fixed static-block rule; megatron-core 0.15, where the fix refuses to
+    patched cell whose scenario needs (f) runs, judged by the fixed static-block rule; megatron-core 0.15, where the fix refuses to
     apply (moe_ckpt_fix.SUPPORTED_MCORE_VERSIONS), still skips it."""
     from harness.check.expectation import expectation
     from harness.run.cell import fix_env
@@ -236,11 +235,15 @@ def test_a_fix_cell_asking_only_for_part_f_runs_on_0_48_0rc1(monkeypatch):
     assert expectation(cell.plan, on_048, kinds, ())[0] == "reshard-refused"
     whole_fix = _cell("gpu-fix", "gpu-fix[save=tp2-etp1-ep2-pp1,save-only]")
     assert version_skip_reason(whole_fix.plan, on_048, "0.48.0rc1", "0.19.2")
+    # a version whose fix is still unproven is asked for by name with the scenario's parts
+    import harness.fix
+
     monkeypatch.delenv("MOE_CKPT_FIX_UNPROVEN", raising=False)
-    monkeypatch.setattr(versions, "installed_modelopt", lambda: "0.48.0rc1")
-    assert fix_env(("static-block",)) == {"MOE_CKPT_FIX_UNPROVEN": "0.48.0rc1,static-block"}
+    monkeypatch.setattr(versions, "installed_modelopt", lambda: "9.9.9")
+    monkeypatch.setitem(harness.fix.UNPROVEN_MODELOPT_VERSIONS, "9.9.9", "a test's")
+    assert fix_env(("static-block",)) == {"MOE_CKPT_FIX_UNPROVEN": "9.9.9,static-block"}
     assert fix_env(()) == {"MOE_CKPT_FIX_UNPROVEN": ""}
-    monkeypatch.setattr(versions, "installed_modelopt", lambda: "0.47.0")
+    monkeypatch.setattr(versions, "installed_modelopt", lambda: "0.48.0rc1")
     assert fix_env(("static-block",)) == {"MOE_CKPT_FIX_UNPROVEN": "static-block"}
 
 

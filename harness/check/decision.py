@@ -71,8 +71,7 @@ def version_skip_reason(cell: CellPlan, behaviour, modelopt: str | None,
     """Why the pair (default megatron-core: the installed one) cannot run this cell meaningfully,
     or None."""
     mcore = mcore or installed_mcore()
-    if cell.patch == Patch.FIX and not behaviour.fix_applies and not (
-            cell.fix_parts and set(cell.fix_parts) <= set(behaviour.fix_parts_apply)):
+    if cell.patch == Patch.FIX and not behaviour.fix_runs(cell.fix_parts):
         from harness.fix import SUPPORTED_MCORE_VERSIONS, SUPPORTED_MODELOPT_VERSION
 
         return (f"harness.fix is written for nvidia-modelopt {SUPPORTED_MODELOPT_VERSION} only, "

@@ -21,7 +21,7 @@ from packaging.version import InvalidVersion, Version
 from harness.check.layouts import CkptLayout, GoldenLayout, Restore
 from harness.model.recipes import EXPERTS, OTHER, SCALAR, SHARED_EXPERTS, STATIC_BLOCK
 from harness.records import Expected
-from harness.fix import STATIC_BLOCK_PART
+from harness.fix import PARTS_ONLY_VERSIONS, STATIC_BLOCK_PART
 
 # Layout of a grouped linear's weight quantizer in the checkpoint a release writes.
 SHARED, PER_EXPERT = CkptLayout.SHARED, CkptLayout.PER_EXPERT
@@ -160,8 +160,8 @@ def static_block_rule(checked_on: str = _STATIC_CHECKED) -> KindRule:
 
 # The routed experts' static kind under the fix's part (f) (moe_ckpt_fix/static_block.py), used
 # only for a cell whose ranks recorded that they installed it (CellRecord.fix_parts; before a save
-# has run, the scenario's ``fix_parts`` asks for it): (f) is opt-in (moe_ckpt_fix UNPROVEN_PARTS),
-# so a record that does not name it keeps the rule above. Read from the fix and megatron-core
+# has run, the scenario's ``fix_parts`` says it needs it): a wheel before 0.3.0 installed (f) only
+# when asked for, so a record that does not name it keeps the rule above. Read from the fix and megatron-core
 # 0.19.2 (0.16.1 the same where read). The checkpoint keeps ModelOpt's ETP-1 format whatever the
 # ETP of the save, so what a patched job writes an unpatched one reads as before (at ETP 1; at
 # another ETP it keeps the rule above):
@@ -182,11 +182,20 @@ _FIXED_STATIC_SOURCE = (
     "an ETP-2 save byte-equal to an ETP-1 one, read by an unpatched ETP-1 load)")
 
 
+# Checked on one H200, tier gpu-shared, megatron-core 0.19.2, under 0.47.0 + fix and 0.48.0rc1 +
+# fix: the Ultra (nvfp4-4o6) and Super (nvfp4-mse) reshard grids, saves at ETP 1 and 2, loads at
+# ETP 1, 2 and 4 with TP, EP and pp changes: 14/14 pass each, every load bit-exact.
+_FIXED_STATIC_CHECKED = ("gpu-shared, H200, megatron-core 0.19.2: docs/runs/20261206-202850-recipes-"
+                         "0.47.0-fix.md, -0.48.0rc1-fix.md (Ultra), docs/runs/20261206-203123-"
+                         "recipes-0.47.0-fix.md, -0.48.0rc1-fix.md (Super)")
+
+
 def fixed_static_block_rule() -> KindRule:
     """Static block amax of routed experts under part (f): loads at another expert TP pass and
-    a save at expert TP > 1 is allowed; not yet checked on a GPU (issue 54's queue)."""
+    a save at expert TP > 1 is allowed."""
     return KindRule(replica_rule_applies=True, lost_on_reload=False, reshard=Expected.PASS,
-                    save_refused_split=None, source=_FIXED_STATIC_SOURCE)
+                    save_refused_split=None, source=_FIXED_STATIC_SOURCE,
+                    checked_on=_FIXED_STATIC_CHECKED)
 
 
 # Dense linears (shared experts, attention, dense MLP, Mamba projections): ModelOpt's
@@ -237,9 +246,9 @@ class Behaviour:
     drops_expert_amax_on_reload: bool
     golden_restore: dict[str, str] = field(default_factory=dict)  # golden layout -> outcome
     fix_applies: bool = False  # harness.fix (written against 0.47.0's private methods)
-    # Opt-in parts of harness.fix that exist for this pair although the whole fix does not
+    # The parts of harness.fix that exist for this pair although the whole fix does not
     # (0.48.0rc1 has parts a-e itself, and part (f) from moe_ckpt_fix/modelopt_0_48_0rc1.py): a
-    # patched cell whose scenario asks for only these parts runs, the others are skipped.
+    # patched cell whose scenario needs only these parts runs, the others are skipped.
     fix_parts_apply: tuple[str, ...] = ()
     # Its megatron quantization plugin imports transformer_engine unconditionally: on a
     # machine without TE the plugin is silently absent, so cpu-tier quantization means nothing.
@@ -279,6 +288,16 @@ class Behaviour:
         if kind == SCALAR and SCALAR not in self.kinds:
             return scalar_rule(self.drops_expert_amax_on_reload)
         return self.kinds.get(kind or "")
+
+    def fix_runs(self, parts: tuple[str, ...] | list[str] = ()) -> bool:
+        """Whether harness.fix patches this pair for a scenario needing ``parts``: the whole fix,
+        or only parts the release lacks (``fix_parts_apply``) when the scenario needs no other."""
+        return self.fix_applies or bool(parts) and set(parts) <= set(self.fix_parts_apply)
+
+    def fix_parts_only(self, parts: tuple[str, ...] | list[str] = ()) -> bool:
+        """The fix runs for ``parts`` on a release that has the rest itself: a patched pipeline is
+        then judged on the fix cells alone (harness/report/verdict.py judge)."""
+        return not self.fix_applies and self.fix_runs(parts)
 
     def matches(self, version: str, mcore: str | None = None) -> bool:
         return (SpecifierSet(self.specifier, prereleases=True).contains(version)
@@ -365,9 +384,9 @@ KNOWN = (
         replica_rule="expert-tp", drops_expert_amax_on_reload=False,
         golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
         kinds={STATIC_BLOCK: static_block_rule()}, dense_kinds=_DENSE_WITH_STATIC,
-        # the fix has only part (f) for 0.48.0rc1, asked for by name (the version and the part):
-        # a patched cell whose scenario asks for (f) runs, one that needs the whole fix is skipped
-        fix_parts_apply=(STATIC_BLOCK_PART,),
+        # the fix has only part (f) for 0.48.0rc1: a patched cell whose scenario needs (f) runs,
+        # one that needs the whole fix is skipped
+        fix_parts_apply=PARTS_ONLY_VERSIONS["0.48.0rc1"],
         fixed_kinds={STATIC_BLOCK: fixed_static_block_rule()},
         source=_SRC_048 + "; megatron-core >= 0.16 honours the groups (0.16.1 "
                "transformer/utils.py:81-82, core/utils.py:1009-1020)",

@@ -60,13 +60,20 @@ class JobPair:
     verdict: vd.Verdict | None  # None: no record of the pair
     sources: dict[str, str]  # evidence cell id -> the label of the record it came from
     interrupted: list[str]
+    # A patched pipeline's own verdict where the fix runs (gate.judge_job patched: on the fix
+    # cells alone where the fix has only parts the release lacks); None: ``verdict`` is both's.
+    patched_verdict: vd.Verdict | None = None
+
+    def of(self, patched: bool) -> vd.Verdict | None:
+        return self.patched_verdict if patched and self.patched_verdict else self.verdict
 
     def code(self, patched: bool) -> int:
-        return gate.exit_code(self.verdict.word, patched) if self.verdict else gate.EXIT_UNDECIDED
+        v = self.of(patched)
+        return gate.exit_code(v.word, patched) if v else gate.EXIT_UNDECIDED
 
     def word(self, patched: bool) -> str:
         """What the gate means for a pipeline with or without the fix, in a word."""
-        v, code = self.verdict, self.code(patched)
+        v, code = self.of(patched), self.code(patched)
         if v is None:
             return NO_RECORD
         if code == gate.EXIT_PASS or code == gate.EXIT_UNEXPECTED:
@@ -80,7 +87,7 @@ class JobPair:
         return v.word
 
     def text(self, patched: bool) -> str:
-        mark = " *" if self.code(patched) == gate.EXIT_PASS and self.verdict.refused else ""
+        mark = " *" if self.code(patched) == gate.EXIT_PASS and self.of(patched).refused else ""
         return f"{self.word(patched)}{mark} (exit {self.code(patched)})"
 
 
@@ -107,7 +114,9 @@ class Evidence:
             else:
                 docs = [(e.label, e.run) for e in entries]
                 v, sources = gate.judge_job(docs, job.id, quarantine, self.scenarios)
-                self._judged[key] = JobPair(pair, v, sources, gate.interrupted_runs(v, docs))
+                patched = (gate.judge_job(docs, job.id, quarantine, self.scenarios, patched=True)[0]
+                           if job.profile.fix and gate.fix_runs(pair, job) else None)
+                self._judged[key] = JobPair(pair, v, sources, gate.interrupted_runs(v, docs), patched)
         return self._judged[key]
 
     def rejudged(self, rec: CellRecord) -> CellRecord:
@@ -141,7 +150,7 @@ def rows(ev: Evidence) -> list[Row]:
 
     out = []
     for modelopt in dict.fromkeys(p.modelopt for p in ev.pairs):
-        fix = any(b.fix_applies and b.covers_modelopt(modelopt) for b in KNOWN)
+        fix = any((b.fix_applies or b.fix_parts_apply) and b.covers_modelopt(modelopt) for b in KNOWN)
         out.append(Row(f"{modelopt} unpatched" if fix else modelopt, modelopt, False))
         if fix:
             out.append(Row(f"{modelopt} + fix", modelopt, True))
@@ -289,15 +298,13 @@ def _outcome(jp: JobPair, cell_id: str) -> str:
 
 def _job_section(ev: Evidence, job: vd.Job, quarantine: Quarantine, title: str,
                  model: str | None = None) -> list[str]:
-    from harness.check.versions import rules_for
-
     judged = {p: ev.judged(job, p, quarantine) for p in ev.pairs}
     out = [f"### {title}", "", f"{_covers(ev, job, model)}.", "",
            "| pair | verdict | unpatched pipeline | with the fix | the job's cells came from | "
            "interrupted runs among them | cells missing |",
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for p, jp in judged.items():
-        fixed = jp.text(True) if job.profile.fix and rules_for(p.modelopt, p.mcore).fix_applies else NOTHING
+        fixed = jp.text(True) if job.profile.fix and gate.fix_runs(p, job) else NOTHING
         came = ", ".join(dict.fromkeys(short(s) for s in jp.sources.values())) or "-"
         cut = ", ".join(short(s) for s in jp.interrupted) or "-"
         missing = gate.missing_cells(jp.verdict, p) if jp.verdict else []

@@ -73,18 +73,36 @@ def pair_of_runs(runs: list[RunResults]) -> Pair | None:
     return pairs[0] if pairs else None
 
 
+def fix_parts_only(pair: Pair | None, job: vd.Job, scenarios: list | None = None) -> bool:
+    """Whether, on ``pair``, harness.fix installs only parts the release lacks and the job's fix
+    scenario needs no other (0.48.0rc1 and part (f)): its patched pipeline is judged on the fix
+    cells alone."""
+    from harness.check.versions import rules_for
+
+    return pair is not None and rules_for(pair.modelopt, pair.mcore).fix_parts_only(
+        vd.fix_parts(job, scenarios))
+
+
+def fix_runs(pair: Pair | None, job: vd.Job) -> bool:
+    """Whether harness.fix patches ``pair`` for what the job's fix scenario needs (no pair: yes)."""
+    from harness.check.versions import rules_for
+
+    return pair is None or rules_for(pair.modelopt, pair.mcore).fix_runs(vd.fix_parts(job))
+
+
 def judge_job(docs: list[tuple[str, Mapping[str, Any]]], job_id: str,
-              quarantine: vd.Quarantine | None = None, scenarios: list | None = None
-              ) -> tuple[vd.Verdict, dict[str, str]]:
+              quarantine: vd.Quarantine | None = None, scenarios: list | None = None,
+              patched: bool = False) -> tuple[vd.Verdict, dict[str, str]]:
     """The job's verdict from every given run together (newer runs win for the same cell), and
     the file each evidence cell's record came from. The runs must share one pair.
     ``quarantine``: other job profiles than scenarios/quarantine.toml's; ``scenarios``: the
-    scenarios already read."""
+    scenarios already read; ``patched``: for a pipeline with the fix (fix_parts_only)."""
     runs = [(label, RunResults.of(doc)) for label, doc in docs]
-    pair_of_runs([r for _, r in runs])
+    pair = pair_of_runs([r for _, r in runs])
     sources = vd.merged_sources(runs)
     verdicts = vd.judge_records({cid: rec for cid, (_, rec) in sources.items()}, quarantine,
-                                scenarios)
+                                scenarios, lambda job: patched and fix_runs(pair, job),
+                                lambda job: patched and fix_parts_only(pair, job, scenarios))
     v = next(v for v in verdicts if v.job.id == job_id)
     return v, {e.cell_id: sources[e.cell_id][0] for e in v.evidence if e.cell_id in sources}
 
@@ -120,7 +138,7 @@ def what_would_decide(job: vd.Job, pair: Pair | None, patched: bool, missing: li
         return (f"what would decide: a rule for {pair} in harness/check/versions.py (none yet: its "
                 "cells would be judged rule-unknown), then its cells run on a GPU host")
     witness, fix = vd.evidence_cells(job)
-    cells = fix if fix and patched and rules is not None and rules.fix_applies else witness
+    cells = fix if fix and patched and rules is not None and fix_runs(pair, job) else witness
     name = cells[0].scenario.name
     todo = [c for c in cells if c.id in missing] or cells
     if len(todo) == len(cells):
@@ -149,14 +167,16 @@ def next_step(v: vd.Verdict, pair: Pair | None, patched: bool) -> str:
     j = v.job
     if pair is None:
         pkg = "the nvidia-modelopt judged"
-        fix_applies = True
     else:
         pkg = f"nvidia-modelopt=={pair.modelopt} (with megatron-core {pair.mcore}, the pair judged)"
-        fix_applies = rules_for(pair.modelopt, pair.mcore).fix_applies
-    if patched and fix_applies:
+    if patched and fix_runs(pair, j):
         change = (f"install {pkg} in the job's image and the moe-ckpt-fix wheel, `pip install "
                   f"--no-deps {WHEEL}` (built by `make fix-wheel`); set MOE_CKPT_FIX=1 in its "
                   "environment (README 'Using the fix')")
+    elif patched and pair is not None and rules_for(pair.modelopt, pair.mcore).fix_parts_apply:
+        change = (f"install {pkg}; remove the moe-ckpt-fix wheel and MOE_CKPT_FIX (this release has "
+                  "the fix's other parts itself, and its remaining part changes nothing this job's "
+                  "recipe saves; no record shows the job's cells with it)")
     elif patched:
         change = (f"install {pkg}; remove the moe-ckpt-fix wheel and MOE_CKPT_FIX (the fix refuses this "
                   "release and would stop the job)")
@@ -208,11 +228,9 @@ def _files_lines(v: vd.Verdict, docs: list[tuple[str, Mapping[str, Any]]], sourc
 
 def missing_cells(v: vd.Verdict, pair: Pair | None) -> list[str]:
     """The job's cells no file holds (or only cut): the fix's only where the fix applies."""
-    from harness.check.versions import rules_for
-
-    fix_applies = pair is None or rules_for(pair.modelopt, pair.mcore).fix_applies
+    fix = fix_runs(pair, v.job)
     return [e.cell_id for e in v.evidence if e.outcome in vd.NOT_RUN
-            and (e.role == vd.Role.WITNESS or fix_applies)]
+            and (e.role == vd.Role.WITNESS or fix)]
 
 
 def main(docs: list[tuple[str, Mapping[str, Any]]], job_id: str, patched: bool,
@@ -221,7 +239,7 @@ def main(docs: list[tuple[str, Mapping[str, Any]]], job_id: str, patched: bool,
     A job none of whose cells the files hold is one line, saying what would decide it.
     ``committed``: the docs are every committed record of their pair (``main_committed``)."""
     pair = pair_of_runs([RunResults.of(doc) for _, doc in docs])
-    v, sources = judge_job(docs, job_id)
+    v, sources = judge_job(docs, job_id, patched=patched)
     code = exit_code(v.word, patched)
     if not v.ran:
         why = (f"none of the {len(docs)} results file(s) ({pair or 'no cells'}) holds a cell of this "

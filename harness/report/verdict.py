@@ -179,9 +179,12 @@ def change_reason(old: Record, new: Record) -> str:
     return "; ".join(parts) or "the rules changed"
 
 
-def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, Record]) -> Verdict:
+def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, Record],
+          patched: bool = False) -> Verdict:
     """The verdict for one job from ``records`` (cell id -> results.json record). An interrupted
-    cell says nothing about the product: it counts as missing, and is shown as interrupted."""
+    cell says nothing about the product: it counts as missing, and is shown as interrupted.
+    ``patched``: for a pipeline with the fix, which the unpatched witness alone cannot block:
+    where it reproduces the bug and fix cells are missing, nothing decides (INCOMPLETE)."""
     records = {cid: CellRecord.of(r) for cid, r in records.items()}
     rows, notes = [], {}
     stopped = {cid for cid, r in records.items() if r.outcome == Outcome.INTERRUPTED}
@@ -240,6 +243,9 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
         unpatched = ("unpatched the witness still reproduces the bug (BLOCKED without the patch)"
                      if reproduced else "no unpatched evidence here")
         return v(SAFE_WITH_PATCH, f"every patched cell at the job's shapes passes; {unpatched}{caveat}")
+    if reproduced and patched and fix and missing_fix:
+        return v(INCOMPLETE, "the unpatched witness reproduces the bug; with the fix nothing decides "
+                             f"yet: missing {', '.join(missing_fix)}")
     if reproduced:
         fix_state = (f"fix evidence incomplete, missing {', '.join(missing_fix)}" if missing_fix
                      else f"fix cells: {', '.join(f)}")
@@ -256,11 +262,26 @@ def evidence_cells(job: Job, scenarios: list[Scenario] | None = None) -> tuple[l
     return job_cells(job, witness), (job_cells(job, fix) if fix else [])
 
 
+def fix_parts(job: Job, scenarios: list[Scenario] | None = None) -> tuple[str, ...]:
+    """The parts of harness.fix the job's fix scenario needs (its ``fix_parts``; () with none)."""
+    _, fix = stand_ins(job, {s.name: s for s in (scenarios or load_all())})
+    return tuple(fix.fix_parts) if fix else ()
+
+
 def judge_records(records: Mapping[str, Record], quarantine: Quarantine | None = None,
-                  scenarios: list[Scenario] | None = None) -> list[Verdict]:
+                  scenarios: list[Scenario] | None = None, patched=lambda job: False,
+                  fix_only=lambda job: False) -> list[Verdict]:
+    """Every job's verdict (``patched(job)``: for a pipeline with the fix, judge's word);
+    ``fix_only(job)``: judge that job on its fix cells alone (a patched pipeline on a release that
+    has the rest of the fix itself: its unpatched witness says nothing about what the fix's part
+    changes)."""
     q = quarantine or load_quarantine()
     scenarios = scenarios or load_all()
-    return [judge(j, *evidence_cells(j, scenarios), records) for j in q.jobs]
+    out = []
+    for j in q.jobs:
+        witness, fix = evidence_cells(j, scenarios)
+        out.append(judge(j, [] if fix and fix_only(j) else witness, fix, records, patched(j)))
+    return out
 
 
 def doc_records(doc: RunResults | Mapping[str, Any]) -> dict[str, CellRecord]:

@@ -133,15 +133,14 @@ def rank_env(s) -> dict:
 
 
 def fix_env(parts: tuple[str, ...]) -> dict:
-    """The fix's opt-in parts the ranks install are exactly the scenario's ``fix_parts``
-    (MOE_CKPT_FIX_UNPROVEN; a version the controller's names is kept): what the forecast assumed,
-    and the pool key then never mixes stages with and without them. Asking for a part also asks
-    for the installed version where the fix has only opt-in parts for it (0.48.0rc1: the judge
-    runs such a cell only when its parts are all the pair has, decision.version_skip_reason)."""
+    """The fix's parts the scenario needs are asked for by name where they are still unproven
+    (MOE_CKPT_FIX_UNPROVEN; a version the controller's names is kept, and the installed version
+    is added where the fix has only unproven parts for it): what the forecast assumed, and the
+    pool key then never mixes stages with and without them. A proven part needs no asking."""
     from harness.check.versions import installed_modelopt
-    from harness.fix import UNPROVEN_MODELOPT_VERSIONS, UNPROVEN_PARTS, UNPROVEN_VAR, asked_words
+    from harness.fix import PARTS, UNPROVEN_MODELOPT_VERSIONS, UNPROVEN_VAR, asked_words
 
-    kept = [w for w in asked_words() if w not in UNPROVEN_PARTS]
+    kept = [w for w in asked_words() if w not in PARTS]
     version = installed_modelopt()
     if parts and version in UNPROVEN_MODELOPT_VERSIONS and version not in kept:
         kept.append(version)

@@ -50,8 +50,9 @@ class Scenario:
     recipe: str = DEFAULT_RECIPE  # the quantization recipe (harness/model/recipes.py)
     # tier gpu only: NCCL ranks may share GPUs, each its own host (harness/rank/shared_gpu.py)
     shared_gpu_nccl: bool = False
-    # patch fix only: the fix's opt-in parts its ranks are asked to install (moe_ckpt_fix
-    # UNPROVEN_PARTS, e.g. "static-block": part f), through harness/run/cell.py fix_env
+    # patch fix only: the parts of the fix its proof needs (moe_ckpt_fix PARTS, e.g.
+    # "static-block": part f): a release whose fix lacks one skips the cell
+    # (harness/check/decision.py); an unproven part is asked for by name (harness/run/cell.py fix_env)
     fix_parts: tuple[str, ...] = ()
 
     def cells(self) -> list["Cell"]:

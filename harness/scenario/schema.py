@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Optional, get_args
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from harness.check.logits import LOGITS_REFERENCES
-from harness.fix import UNPROVEN_PARTS
+from harness.fix import PARTS
 from harness.model.checkpoint import DEFAULT_STRICTNESS
 from harness.model.gpt import ModelSize
 from harness.model.modules import HYBRID_PATTERN_RE, HYBRID_PATTERN_RULE, KINDS, SCORE_FUNCTIONS
@@ -83,8 +83,8 @@ class _ScenarioSchema(_Schema):
     tier: Literal[TIERS]
     backend: Literal[BACKENDS]
     patch: Literal[PATCHES] = Patch.NONE.value
-    # patch "fix" only: the fix's opt-in parts the ranks install (moe_ckpt_fix UNPROVEN_PARTS)
-    fix_parts: list[Literal[tuple(UNPROVEN_PARTS)]] = []
+    # patch "fix" only: the parts of the fix the scenario's proof needs (moe_ckpt_fix PARTS)
+    fix_parts: list[Literal[tuple(PARTS)]] = []
     recipe: Text = DEFAULT_RECIPE
     shared_gpu_nccl: bool = False
     expect: Literal[EXPECT_MODES] = ExpectMode.ORACLE.value
@@ -107,7 +107,7 @@ class _ScenarioSchema(_Schema):
 
 _CHOICES = {"tier": TIERS, "backend": BACKENDS, "patch": PATCHES, "expect": EXPECT_MODES,
             "logits_reference": LOGITS_REFERENCES, "kind": KINDS,
-            "moe_router_score_function": SCORE_FUNCTIONS, "fix_parts": tuple(UNPROVEN_PARTS)}
+            "moe_router_score_function": SCORE_FUNCTIONS, "fix_parts": tuple(PARTS)}
 
 
 _PATTERN_RULES = {NAME_RE: _NAME_RULE, HYBRID_PATTERN_RE: HYBRID_PATTERN_RULE}
