@@ -62,6 +62,17 @@ EXPECTED = {
     "gpu-no-amax-recipe": {
         "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: P},
     },
+    # static NVFP4 on every family: the existing static-block rules (versions.py static_block_rule,
+    # dense_static_block_rule, fixed_static_block_rule); complete static state is not re-calibrated
+    # (custom.py:177-181 _has_complete_static_nvfp4_weight_state): no second bug
+    "gpu-four-over-six-recipe-witness": {
+        "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: FAIL, ETP_CHANGE: FAIL},
+        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: Expected.RESHARD_REFUSED},
+    },
+    "gpu-four-over-six-recipe": {  # part (f): fixed_static_block_rule, a pass at another ETP
+        "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: P},
+        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: P},
+    },
 }
 CASES = [(s, v, mc) for s, per in EXPECTED.items() for v in per for mc in ("0.19.2", "0.16.1")]
 
@@ -80,11 +91,53 @@ def test_each_cell_of_the_new_scenarios_expects_what_the_sources_say(name, model
     assert {k: d.expected for k, d in got.items()} == EXPECTED[name][modelopt], \
         {k: d.notice for k, d in got.items()}
     assert not any(d.skip for d in got.values()), {k: d.skip for k, d in got.items()}
+    # the model has a shared expert: every family's kind is judged
+    assert all(set(d.kinds) == {EXPERTS, SHARED_EXPERTS, OTHER} for d in got.values())
 
 
-@pytest.mark.parametrize("name", [n for n in EXPECTED if not n.endswith("-witness")])
+AWQ_KINDS = {f: ["per-block", "scalar"] for f in (EXPERTS, SHARED_EXPERTS, OTHER)}
+# per-block+scalar (W4A8_AWQ_BETA_CFG), judged by the kinds a save records (no forecast): the
+# per-block rule decides where the scalar one passes
+AWQ = {
+    ("gpu-awq-recipe-witness", "0.47.0"): {SAVE_ONLY: P, OTHER_EP: LOST, TP_CHANGE: FAIL, ETP_CHANGE: FAIL},
+    ("gpu-awq-recipe-witness", "0.48.0rc1"): {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
+    ("gpu-awq-recipe", "0.47.0"): {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
+}
+
+
+@pytest.mark.parametrize("name,modelopt", list(AWQ))
+def test_the_awq_scenarios_are_judged_by_the_kinds_their_save_records(name, modelopt):
+    cells = {c.id.split(",", 1)[1].rstrip("]"): c for c in _scenario(name).cells()}
+    before = {k: decision_module.decide(c.plan, modelopt, "0.19.2").expected for k, c in cells.items()}
+    assert set(before.values()) == {UNKNOWN}  # no forecast: nothing known before the save
+    after = {k: decision_module.decide(c.plan, modelopt, "0.19.2", AWQ_KINDS).expected
+             for k, c in cells.items()}
+    assert after == AWQ[name, modelopt]
+
+
+def test_an_awq_save_modelopt_refuses_is_not_quantizable():
+    """ModelOpt's own refusal of AWQ on TE grouped experts (harness/model/quant.py NotQuantizable)
+    is judged not-quantizable for the save and each load of it, never rule-unknown."""
+    from harness.check import judge
+    from harness.records import CauseKind, CellRecord, StageCause, StageResult
+
+    cell = next(c for c in _scenario("gpu-awq-recipe-witness").cells() if c.load is None)
+    rec = CellRecord(scenario=cell.scenario.name, cell_id=cell.id, tier="gpu-shared", backend="te",
+                     save_topology=cell.save.id, load_topology=None, patch="none", expected="",
+                     modelopt="0.47.0", mcore="0.19.2", recipe=cell.scenario.recipe)
+    cause = StageCause(rank=0, kind=CauseKind.EXCEPTION, exc_type="harness.model.quant.NotQuantizable",
+                       message="AttributeError: 'QuantTEColumnParallelGroupedLinear' object has no "
+                               "attribute 'weight'", key=None)
+    save = StageResult(stage="save", ok=False, wall_s=1.0, cause=cause,
+                       environment={"nvidia-modelopt": "0.47.0", "megatron-core": "0.19.2"})
+    assert judge.judge_cell(rec, cell.plan, save, None).outcome == "not-quantizable"
+
+
+@pytest.mark.parametrize("name", ["gpu-per-channel-recipe", "gpu-per-block-recipe", "gpu-no-amax-recipe",
+                                  "gpu-awq-recipe"])
 def test_the_patched_twins_are_skipped_on_0_48_0rc1_which_has_parts_a_to_e_itself(name):
-    """The fix (parts a-e) exists for 0.47.0 only: the queue runs the twins in its 0.47.0-fix part."""
+    """The fix (parts a-e) exists for 0.47.0 only: the queue runs these twins in its 0.47.0-fix
+    part (gpu-four-over-six-recipe asks for part (f) alone, which 0.48.0rc1 has)."""
     for cell in _scenario(name).cells():
         assert decision_module.decide(cell.plan, "0.48.0rc1", "0.19.2").skip
 

@@ -93,6 +93,11 @@ KNOWN_RECIPES = {r.ref: r for r in (
                 calibration="none",
                 source="modelopt_recipes/configs/ptq/presets/model/mxfp8.yaml: weights and inputs "
                        "configs/numerics/mxfp8 (MX: e8m0 scales at run time); algorithm none"),
+    RecipeFacts("mtq:NVFP4_FOUR_OVER_SIX_CFG", {EXPERTS: STATIC_BLOCK, SHARED_EXPERTS: STATIC_BLOCK,
+                                                OTHER: STATIC_BLOCK}, calibration="mse",
+                source="modelopt_recipes/configs/ptq/presets/model/nvfp4_four_over_six.yaml: "
+                       "units/w4a4_nvfp4_nvfp4_four_over_six on every linear (block type static); "
+                       "algorithm mse without the FP8 scale sweep"),
 )}
 
 
