@@ -90,7 +90,7 @@ KNOWN_RECIPES = {r.ref: r for r in (
                        " '*weight_quantizer' configs/numerics/int4_per_block (static blocks, no "
                        "global amax), inputs off; algorithm max"),
     RecipeFacts("mtq:MXFP8_DEFAULT_CFG", {EXPERTS: NO_AMAX, SHARED_EXPERTS: NO_AMAX, OTHER: NO_AMAX},
-                calibration="none",
+                calibration="no calibration (algorithm None)",
                 source="modelopt_recipes/configs/ptq/presets/model/mxfp8.yaml: weights and inputs "
                        "configs/numerics/mxfp8 (MX: e8m0 scales at run time); algorithm none"),
     RecipeFacts("mtq:NVFP4_FOUR_OVER_SIX_CFG", {EXPERTS: STATIC_BLOCK, SHARED_EXPERTS: STATIC_BLOCK,
