@@ -200,7 +200,7 @@ def test_judging_returns_a_new_record(tmp_path):
 @pytest.mark.parametrize("kinds, keeps", [
     ({"experts": ["scalar"]}, False),  # 0.47.0's second bug re-calibrates them through expert 0
     ({"experts": ["static-block"]}, True),  # complete static state: no re-calibration
-    ({"experts": ["per-block"]}, False),  # no rule: no trusted reference
+    ({"experts": ["per-block"]}, False),  # 0.47.0's second bug reaches a per-block amax too
     ({}, False),
 ])
 def test_the_save_trusts_its_reloaded_logits_by_the_kinds_it_made(kinds, keeps):

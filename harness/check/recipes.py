@@ -13,6 +13,10 @@ Kinds (weight quantizers of one module family):
 - ``scalar``: one amax per quantizer, shape (1,): dynamic NVFP4 (a per-tensor global amax with
   per-block scales computed at run time) and FP8 per-tensor alike; ModelOpt builds its sharded
   tensor the same way for both.
+- ``per-channel``: one amax per output channel (axis 0: INT8 / FP8 per-channel).
+- ``per-block``: static blocks of another format (INT4 / FP8 blockwise): a per-block ``_amax``,
+  no ``_global_amax``.
+- ``no-amax``: MX formats: e8m0 block scales computed at run time, no amax at all.
 - ``static-block``: static NVFP4: ``_amax`` of one value per 16-element block (weight numel / 16)
   and a scalar ``_global_amax``; calibrated by the recipe's algorithm (MSE for the Nemotron ones).
 """
@@ -20,9 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.model.recipes import DEFAULT_RECIPE, EXPERTS, OTHER, SCALAR, SHARED_EXPERTS, STATIC_BLOCK
+from harness.model.recipes import (DEFAULT_RECIPE, EXPERTS, NO_AMAX, OTHER, PER_BLOCK, PER_CHANNEL,
+                                   SCALAR, SHARED_EXPERTS, STATIC_BLOCK)
 
-AMAX_KINDS = (SCALAR, STATIC_BLOCK)
+AMAX_KINDS = (SCALAR, STATIC_BLOCK, PER_CHANNEL, PER_BLOCK, NO_AMAX)
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,26 @@ KNOWN_RECIPES = {r.ref: r for r in (
     RecipeFacts("mtq:FP8_DEFAULT_CFG", {EXPERTS: SCALAR, SHARED_EXPERTS: SCALAR, OTHER: SCALAR},
                 source="modelopt_recipes/configs/ptq/presets/model/fp8.yaml: per-tensor FP8 "
                        "(axis None, no block sizes); algorithm max"),
+    # Issue 52 item 3: one recipe per kind set that had no GPU scenario (docs/recipes.md).
+    RecipeFacts("mtq:INT8_WEIGHT_ONLY_CFG", {EXPERTS: PER_CHANNEL, SHARED_EXPERTS: PER_CHANNEL,
+                                             OTHER: PER_CHANNEL},
+                source="modelopt_recipes/configs/ptq/presets/model/int8_weight_only.yaml: "
+                       "'*weight_quantizer' configs/numerics/int8_per_channel (axis 0), inputs "
+                       "off; algorithm max"),
+    RecipeFacts("mtq:INT4_BLOCKWISE_WEIGHT_ONLY_CFG", {EXPERTS: PER_BLOCK, SHARED_EXPERTS: PER_BLOCK,
+                                                       OTHER: PER_BLOCK},
+                source="modelopt_recipes/configs/ptq/presets/model/int4_blockwise_weight_only.yaml:"
+                       " '*weight_quantizer' configs/numerics/int4_per_block (static blocks, no "
+                       "global amax), inputs off; algorithm max"),
+    RecipeFacts("mtq:MXFP8_DEFAULT_CFG", {EXPERTS: NO_AMAX, SHARED_EXPERTS: NO_AMAX, OTHER: NO_AMAX},
+                calibration="no calibration (algorithm None)",
+                source="modelopt_recipes/configs/ptq/presets/model/mxfp8.yaml: weights and inputs "
+                       "configs/numerics/mxfp8 (MX: e8m0 scales at run time); algorithm none"),
+    RecipeFacts("mtq:NVFP4_FOUR_OVER_SIX_CFG", {EXPERTS: STATIC_BLOCK, SHARED_EXPERTS: STATIC_BLOCK,
+                                                OTHER: STATIC_BLOCK}, calibration="mse",
+                source="modelopt_recipes/configs/ptq/presets/model/nvfp4_four_over_six.yaml: "
+                       "units/w4a4_nvfp4_nvfp4_four_over_six on every linear (block type static); "
+                       "algorithm mse without the FP8 scale sweep"),
 )}
 
 

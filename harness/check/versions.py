@@ -19,7 +19,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.check.layouts import CkptLayout, GoldenLayout, Restore
-from harness.model.recipes import EXPERTS, OTHER, SCALAR, SHARED_EXPERTS, STATIC_BLOCK
+from harness.model.recipes import (EXPERTS, NO_AMAX, OTHER, PER_BLOCK, PER_CHANNEL, SCALAR,
+                                   SHARED_EXPERTS, STATIC_BLOCK)
 from harness.records import Expected
 from harness.fix import PARTS_ONLY_VERSIONS, STATIC_BLOCK_PART
 
@@ -231,6 +232,107 @@ def dense_static_block_rule() -> KindRule:
                     save_refused_split=_STATIC_REFUSAL, source=_DENSE_SOURCE)
 
 
+# --- per-channel, per-block and no-amax (issue 52 item 3): read from the sources only ------------
+# (checked_on ""; tools/gpu-host/queues/next-issue52-kinds.txt runs the cells that check them).
+# Paths are of the installed 0.47.0 (modelopt/torch/quantization/...) and of the 0.48.0rc1 wheel;
+# megatron-core 0.19.2 (megatron/core/...).
+_EXPERT_ENTRIES_047 = (
+    "0.47.0 plugins/megatron.py:876-881 collects every weight_quantizer.{i}.*_amax of a grouped "
+    "linear, :833-839 keeps its native (channel or block) shape, :936 builds it with "
+    "make_sharded_tensors_for_checkpoint(expert_state, '', expert_axis, offsets) and no groups, "
+    ":946 replica_id[2] := expert-DP rank. No groups -> the DENSE TP group (megatron-core 0.19.2 "
+    "transformer/utils.py:131-133): an entry with no shard axis gets replica_id (0, dense tp rank, "
+    "edp) (core/utils.py:1149-1150, the scalar amax's collision); one with a shard axis gets "
+    "offsets (axis, dense tp rank, dense tp size) and replica_id (0, 0, edp) (core/utils.py:1012, "
+    ":1075-1076): wherever TP != ETP it is cut over the wrong group, so it is refused where the "
+    "replicated entries collide")
+_SECOND_BUG_047 = (
+    "0.47.0 plugins/custom.py:177-181: a weight quantizer with an _amax that is not complete "
+    "static NVFP4 is reset (GroupedQuantizer.reset_amax: every member) and re-calibrated through "
+    "GroupedQuantizer.forward (nn/modules/tensor_quantizer.py:1914-1916: member 0 only); "
+    "plugins/transformer_engine.py:202-204 then skips the members left without _amax: the "
+    "second bug, whatever the amax's shape")
+_NO_SECOND_BUG_048 = ("0.48.0rc1 plugins/custom.py:180-186 skips a GroupedQuantizer in the "
+                      "reset + re-calibration: no second bug")
+_EXPERT_RESHARD_UNDECIDED = (
+    "reshard at another expert TP not decided by the sources: the Column (linear_fc1) entry is "
+    "cut along axis 0 (plugins/megatron.py:577-578 axis not None -> 0), so the load asks for the "
+    "buffer's LOCAL shape times ETP; whether that buffer has the load's shape depends on "
+    "_QuantTEGroupedLinear.modelopt_post_restore's dry run (plugins/transformer_engine.py:205-233: "
+    "re-calibrated only when wq_i(weight_i) raises a RuntimeError naming a size or shape) and "
+    "ModelOpt's CUDA kernel checks nothing of the amax's length "
+    "(kernels/quantization/gemm/tensor_quant.cpp:58 TORCH_CHECK(amax.numel(), inputs.size(axis)) "
+    "only asserts numel != 0): a GPU run decides (rule-unknown until then)")
+_PER_CHANNEL_EXPERTS = (
+    "per-channel (axis 0, e.g. INT8_WEIGHT_ONLY_CFG): one amax per output channel. "
+    "linear_fc2 (Row): an int axis is not a tuple, so no shard axis (0.47.0 plugins/megatron.py:"
+    "616; 0.48.0rc1 the same): replicated, (hidden, 1) at every expert TP. linear_fc1 (Column): "
+    "sharded along axis 0 (:577-578). ")
+_PER_BLOCK_EXPERTS = (
+    "per-block (static blocks without a global amax, e.g. INT4_BLOCKWISE_WEIGHT_ONLY_CFG): the "
+    "block quantizer's axis becomes a tuple at its first forward (nn/modules/tensor_quantizer.py:"
+    "986-989); linear_fc1 (Column) sharded along axis 0 (plugins/megatron.py:577-578); "
+    "linear_fc2 (Row) along axis 1 only for weight_quantizer.0/.1 (:609-617; 0.48.0rc1 "
+    ":650-658 the same; the fix's part (c) resolves every expert), members >= 2 replicated of "
+    "their local shape. ")
+_NO_AMAX_SOURCE = (
+    "no-amax (MX formats, e.g. MXFP8_DEFAULT_CFG, algorithm None: e8m0 block scales computed at "
+    "run time, no calibration): the quantizers hold no _amax, and the sharded state dict takes "
+    "only keys with _amax, input_quantizer._pre_quant_scale or _parameter_to_keep_in_quantizer_"
+    "state_dict (False for fake quant, :498-506); any other quantizer state is only warned about "
+    "(0.47.0 plugins/megatron.py:520-531 dense, :874-886 grouped; 0.48.0rc1 :561-572, :919-931): "
+    "no per-expert quantizer tensor exists, so no replica id can collide and nothing is "
+    "resharded; custom.py:177 re-calibrates only a quantizer that has an _amax (no second bug). "
+    "What remains is the grouped linear's _extra_state (quantizer_state), which megatron-core's "
+    "TEGroupedLinear builds with the expert groups, as for every other recipe")
+
+
+def per_channel_expert_rule(drops_on_reload: bool, source: str) -> KindRule:
+    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, reshard=None,
+                    source=_PER_CHANNEL_EXPERTS + source + "; " + _EXPERT_RESHARD_UNDECIDED)
+
+
+def per_block_expert_rule(drops_on_reload: bool, source: str) -> KindRule:
+    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, reshard=None,
+                    source=_PER_BLOCK_EXPERTS + source + "; " + _EXPERT_RESHARD_UNDECIDED)
+
+
+def no_amax_rule() -> KindRule:
+    """Nothing of the quantizer is a tensor of the checkpoint: nothing to collide, lose or
+    reshard (the family's weights reshard as megatron-core's own)."""
+    return KindRule(replica_rule_applies=False, lost_on_reload=False, reshard=Expected.PASS,
+                    source=_NO_AMAX_SOURCE)
+
+
+def dense_per_channel_rule() -> KindRule:
+    """Per-channel amax of a dense linear: Column cut along axis 0 over TP like its weight, Row
+    replicated ((out, 1) is the same at every TP); the post-restore re-calibration gives the
+    buffer the load's local shape first, so a TP change reshards it."""
+    return KindRule(
+        replica_rule_applies=False, lost_on_reload=False, reshard=Expected.PASS,
+        source=_DENSE_SOURCE + "; per-channel: Column axis 0 (0.47.0 plugins/megatron.py:577-578) "
+        "with megatron-core's default TP offsets (core/utils.py:1012), Row no shard axis (:616, an "
+        "int axis), (out_local, 1) by _process_quantizer_amax (:484-490); at the load, "
+        "plugins/custom.py:177-181 (0.48.0rc1 :180-186, a TensorQuantizer is not a "
+        "GroupedQuantizer) resets and re-calibrates the restored amax from the LOCAL weight "
+        "before the load's sharded_state_dict is built (plugins/megatron.py:224-246 "
+        "quant_module_set_extra_state, then the second load_state_dict), so the load asks for "
+        "the global shape the save wrote")
+
+
+def dense_per_block_rule() -> KindRule:
+    """Per-block amax of a dense linear: at the save's TP it loads as saved; at another TP no
+    rule (the block reshape size the quantizer caches, nn/modules/tensor_quantizer.py:1001-1002,
+    may be restored with the save's shape before the re-calibration: not decided by reading)."""
+    return KindRule(
+        replica_rule_applies=False, lost_on_reload=False, reshard=None,
+        source=_DENSE_SOURCE + "; per-block: Column axis 0, Row axis 1 (the quantizer's own axis, "
+        "a tuple, plugins/megatron.py:609-617); re-calibrated from the local weight at the load "
+        "(custom.py:177-181), but _setup_for_blockquant keeps a cached _block_reshape_size "
+        "(nn/modules/tensor_quantizer.py:1001-1002): whether the restored one fits the load's "
+        "local weight is not decided by reading")
+
+
 @dataclass(frozen=True)
 class Behaviour:
     """The rule of one (nvidia-modelopt, megatron-core) pair."""
@@ -333,13 +435,19 @@ class Behaviour:
         return None
 
 
-_DENSE_WITH_STATIC = {SCALAR: dense_scalar_rule(), STATIC_BLOCK: dense_static_block_rule()}
+_DENSE_WITH_STATIC = {SCALAR: dense_scalar_rule(), STATIC_BLOCK: dense_static_block_rule(),
+                      PER_CHANNEL: dense_per_channel_rule(), PER_BLOCK: dense_per_block_rule(),
+                      NO_AMAX: no_amax_rule()}
 _GOLDENS_PER_EXPERT = {GoldenLayout.SHARED: NOT_RESTORED, GoldenLayout.COMPLETE: RESTORED,
                        GoldenLayout.INCOMPLETE: NOT_RESTORED}
 _SRC_047 = ("0.47.0 plugins/megatron.py:936 make_sharded_tensors_for_checkpoint(expert_state, '', "
             "expert_axis, new_sharded_offsets) with no groups, then :944-946 replica_id[2] := "
             "expert-DP rank; :906 shared buffers the same way; plugins/custom.py "
             "modelopt_post_restore resets and re-calibrates the GroupedQuantizer")
+_EXPERT_ENTRIES_048 = (
+    "0.48.0rc1 plugins/megatron.py:983-989 builds every weight_quantizer.{i}.* with "
+    "tp_group=expt_tp_group, dp_cp_group=expt_dp_group: replicated entries get (0, etp rank, edp), "
+    "cut ones offsets over expert TP: the expert-TP rule, no collision")
 _SRC_048 = ("0.48.0rc1 plugins/megatron.py:982-989 make_sharded_tensors_for_checkpoint(..., "
             "tp_group=expt_tp_group, dp_cp_group=expt_dp_group) (groups from "
             "_expert_parallel_groups :886-895); shared buffers with the defaults (:967-971); "
@@ -358,7 +466,11 @@ KNOWN = (
         label="0.47.0 + mcore 0.16.x|0.19.2", specifier="==0.47.0", layout=PER_EXPERT,
         replica_rule="dense-tp", drops_expert_amax_on_reload=True,
         golden_restore=_GOLDENS_PER_EXPERT, fix_applies=True,
-        kinds={STATIC_BLOCK: static_block_rule()}, dense_kinds=_DENSE_WITH_STATIC,
+        kinds={STATIC_BLOCK: static_block_rule(),
+               PER_CHANNEL: per_channel_expert_rule(True, _EXPERT_ENTRIES_047 + "; " + _SECOND_BUG_047),
+               PER_BLOCK: per_block_expert_rule(True, _EXPERT_ENTRIES_047 + "; " + _SECOND_BUG_047),
+               NO_AMAX: no_amax_rule()},
+        dense_kinds=_DENSE_WITH_STATIC,
         fixed_kinds={STATIC_BLOCK: fixed_static_block_rule()},
         source=f"{_SRC_047}; megatron-core >= 0.16 fills replica_id[1] from the DENSE TP group "
                "(0.16.1 core/utils.py:1017-1020; 0.19.2 the same)",
@@ -383,7 +495,11 @@ KNOWN = (
         label="0.48.0rc1 + mcore 0.16.x|0.19.2", specifier="==0.48.0rc1", layout=PER_EXPERT,
         replica_rule="expert-tp", drops_expert_amax_on_reload=False,
         golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
-        kinds={STATIC_BLOCK: static_block_rule()}, dense_kinds=_DENSE_WITH_STATIC,
+        kinds={STATIC_BLOCK: static_block_rule(),
+               PER_CHANNEL: per_channel_expert_rule(False, _EXPERT_ENTRIES_048 + "; " + _NO_SECOND_BUG_048),
+               PER_BLOCK: per_block_expert_rule(False, _EXPERT_ENTRIES_048 + "; " + _NO_SECOND_BUG_048),
+               NO_AMAX: no_amax_rule()},
+        dense_kinds=_DENSE_WITH_STATIC,
         # the fix has only part (f) for 0.48.0rc1: a patched cell whose scenario needs (f) runs,
         # one that needs the whole fix is skipped
         fix_parts_apply=PARTS_ONLY_VERSIONS["0.48.0rc1"],

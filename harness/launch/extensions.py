@@ -77,5 +77,43 @@ def warm_up(timeout_s: float = WARM_UP_TIMEOUT_S) -> str:
     return last if done.returncode == 0 else f"ModelOpt FP8 extension: not available ({last})"
 
 
+# Other ModelOpt extensions a recipe may build at its first fake quant, by the name
+# PRECOMPILE_VAR gives them (comma-separated; default none): per-channel / per-block integer
+# recipes (INT8, INT4 blockwise) use modelopt_cuda_ext (tensor_quant.py fake_quant_impl), MX
+# formats other than FP4 use modelopt_cuda_ext_mx (issue 52 item 3's scenarios).
+PRECOMPILE_VAR = "HARNESS_PRECOMPILE_EXTENSIONS"
+EXTRA_EXTENSIONS = {"base": "get_cuda_ext", "mx": "get_cuda_ext_mx"}
+
+
+def extra_names(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The extra extensions PRECOMPILE_VAR asks for, in order; an unknown name is refused."""
+    names = [n.strip() for n in environ.get(PRECOMPILE_VAR, "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in EXTRA_EXTENSIONS]
+    if unknown:
+        raise SystemExit(f"{PRECOMPILE_VAR}: unknown extension(s) {unknown}; "
+                         f"known: {', '.join(EXTRA_EXTENSIONS)}")
+    return names
+
+
+def precompile_extra(names: list[str]) -> int:
+    """Build (or find) the extra extensions in this version's directory; 0 when all load."""
+    import modelopt.torch.quantization.extensions as ext
+
+    os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
+    failed = 0
+    for name in names:
+        start = time.monotonic()
+        ok = getattr(ext, EXTRA_EXTENSIONS[name])(raise_if_failed=False) is not None
+        print(f"modelopt extension {name} in {os.environ['TORCH_EXTENSIONS_DIR']}: "
+              f"{'loaded' if ok else 'NOT available'} after {time.monotonic() - start:.1f} s")
+        failed += not ok
+    return 1 if failed else 0
+
+
+def main() -> int:
+    extra = extra_names()
+    return precompile_extra(extra) | precompile_fp8()  # fp8 last: its line is the one printed
+
+
 if __name__ == "__main__":
-    raise SystemExit(precompile_fp8())
+    raise SystemExit(main())

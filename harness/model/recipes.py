@@ -27,14 +27,15 @@ _BUILTIN_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 # The amax kinds a recipe's weight quantizers store, per module family: the words the save
 # stage records (harness/model/quant.py) and the catalogue uses (harness/check/recipes.py).
 SCALAR, STATIC_BLOCK = "scalar", "static-block"
-# Kinds no pair has a rule for yet: static blocks of another format (INT4 AWQ, blockwise
-# weight-only: a per-block _amax, no _global_amax), a per-channel axis, MX blocks (e8m0 scales
-# computed at run time, no calibrated amax).
+# Kinds whose rules are from source reading only (issue 52 item 3, harness/check/versions.py):
+# static blocks of another format (INT4 AWQ, blockwise weight-only: a per-block _amax, no
+# _global_amax), a per-channel axis, MX blocks (e8m0 scales computed at run time, no amax).
 PER_BLOCK, PER_CHANNEL, NO_AMAX = "per-block", "per-channel", "no-amax"
 EXPERTS, SHARED_EXPERTS, OTHER = "experts", "shared_experts", "other"
 # The checkpoint tensors of a weight quantizer of each kind: static NVFP4 keeps a per-block
 # ``_amax`` and a scalar ``_global_amax``, each a sharded tensor of its own.
-KIND_TENSORS = {SCALAR: ("_amax",), STATIC_BLOCK: ("_amax", "_global_amax")}
+KIND_TENSORS = {SCALAR: ("_amax",), STATIC_BLOCK: ("_amax", "_global_amax"), PER_CHANNEL: ("_amax",),
+                PER_BLOCK: ("_amax",), NO_AMAX: ()}
 
 
 def model_families(shared_experts: bool) -> tuple[str, ...]:

@@ -40,6 +40,23 @@ def rule_gaps(row: dict, behaviour) -> list[str]:
             for kind in kinds if behaviour.kind_rule(kind, family) is None]
 
 
+def reshard_gaps(row: dict, behaviour) -> list[str]:
+    """The (kind, family) of the forecast whose rule leaves a load at another split (ETP for the
+    routed experts, TP otherwise) undecided (KindRule.reshard None: such a cell is rule-unknown)."""
+    return [f"{kind} {family}" for family, kinds in sorted((row.get("forecast") or {}).items())
+            for kind in kinds if (r := behaviour.kind_rule(kind, family)) is not None and r.reshard is None]
+
+
+def rules_text(row: dict, behaviour) -> str:
+    """The rules column: the kinds with no rule, else every kind, and which rules do not decide a
+    reshard."""
+    gaps = rule_gaps(row, behaviour)
+    if gaps:
+        return "no rule: " + ", ".join(gaps)
+    undecided = reshard_gaps(row, behaviour)
+    return "every kind" + (f"; reshard unknown: {', '.join(undecided)}" if undecided else "")
+
+
 def table(doc: dict, behaviour) -> str:
     """The Markdown table, then the kind sets it found and the recipes left out."""
     rows = [r for r in doc["rows"] if "forecast" in r]
@@ -52,10 +69,9 @@ def table(doc: dict, behaviour) -> str:
            "| recipe | algorithm | routed experts | shared experts | other linears | cpu tier | "
            f"rules under {behaviour.label} |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        gaps = rule_gaps(r, behaviour)
         out.append("| " + " | ".join(_md(x) for x in (
             r["recipe"], r.get("algorithm", ""), *(kinds_text(r["forecast"], f) for f in FAMILIES),
-            on_cpu(r), "no rule: " + ", ".join(gaps) if gaps else "every kind")) + " |")
+            on_cpu(r), rules_text(r, behaviour))) + " |")
     sets: dict[str, list[str]] = {}
     for r in rows:
         sets.setdefault(json.dumps(r["forecast"], sort_keys=True), []).append(r["recipe"])
