@@ -37,7 +37,9 @@ class Outcome(StrEnum):
     # recorded, nothing was predicted, so it is neither good nor unexpected.
     RULE_UNKNOWN = "rule-unknown"
     # A refusal the rule predicts that is NOT the collision (docs/findings.md, "Static NVFP4
-    # amax at another expert TP"): a limitation of the product, confirmed where predicted.
+    # amax at another expert TP"; megatron-core's MTP position embedding at pp > 1,
+    # harness/check/versions.py MTP_POSITION_EMBEDDING): a limitation of the product, confirmed
+    # where predicted.
     KNOWN_REFUSAL = "known-refusal"
     # ModelOpt refuses to quantize this model with this recipe (its exception, raised from its own
     # code inside mtq.quantize, in the record): nothing about checkpoints can be learnt from it.
@@ -55,6 +57,10 @@ class Expected(StrEnum):
     RULE_UNKNOWN = "rule-unknown"  # the pair has no rule: nothing is predicted
     # a static per-block amax loaded at another expert TP: megatron-core refuses its global shape
     RESHARD_REFUSED = "reshard-refused"
+    # MTP at pp > 1 with a learned absolute position embedding: megatron-core refuses the MTP
+    # stage's own position embedding, a second main replica (harness/check/versions.py
+    # MTP_POSITION_EMBEDDING), at the first stage at pp > 1 (the save, else the load)
+    MTP_EMBEDDING_REFUSED = "mtp-embedding-refused"
 
 
 class ExpectMode(StrEnum):

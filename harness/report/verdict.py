@@ -228,7 +228,11 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     reproduced = Outcome.BUG_REPRODUCED in w
     missing_fix = [e.cell_id for e in evidence
                    if e.role == Role.FIX and e.outcome in NOT_RUN]
-    caveat = (f"; NOT at {', '.join(refused)}: {SHAPE_REFUSAL_FINDING}" if refused else "")
+    # each known refusal's own finding (the static amax's global shape, megatron-core's MTP
+    # position embedding), as the judge wrote it
+    findings = sorted({r.reason for c, _, r in rows if r and r.outcome == Outcome.KNOWN_REFUSAL
+                       and c.load is not None and r.reason}) or [SHAPE_REFUSAL_FINDING]
+    caveat = (f"; NOT at {', '.join(refused)}: {'; '.join(findings)}" if refused else "")
     if w and complete(Role.WITNESS) and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS, Outcome.KNOWN_REFUSAL)
                                             for o in w) and set(w) != {Outcome.KNOWN_REFUSAL}:
         how = ("the bug no longer reproduces (this version was expected to fail)"
