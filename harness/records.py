@@ -291,8 +291,10 @@ class CellRecord:
         "save's expert_weight_amax_keys (harness/check/judge.py stage_evidence); an "
         "`unexpected-pass` needs it; absent before the field", default=None)
     model: dict | None = described(
-        "what model ran: its kind, sizes and the modules that are on (ModelSize.record); the "
-        "verdict refuses another model's evidence and names records made before the field",
+        "what model ran: its kind, sizes, the modules that are on and its "
+        "position_embedding_type (ModelSize.record; a record before that key built its kind's "
+        "own: learned_absolute for gpt, none for hybrid); the verdict refuses another model's "
+        "evidence and names records made before the field",
         default=None)
     amax_keys: dict | None = described(
         "the quantizer amax keys its checkpoint holds per module family, MTP layers' apart under "

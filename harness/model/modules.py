@@ -13,7 +13,7 @@ router state a trained model holds. Source paths below are under megatron/core/.
 | --- | --- | --- | --- |
 | moe_shared_expert_intermediate_size | shared expert MLP beside the routed experts | yes | yes |
 | moe_router_score_function, moe_router_enable_expert_bias | sigmoid router, expert_bias buffer | yes | yes |
-| mtp_num_layers | MTP block on the last pipeline stage | yes (pp 1 on cpu) | yes |
+| mtp_num_layers | MTP block on the last pipeline stage | yes (loads at pp > 1 too) | yes |
 | moe_latent_size | latent projections around the experts | no: TELinear | yes |
 | kind = "hybrid", hybrid_layer_pattern | HybridModel (harness/model/hybrid.py) | no: TE | yes, with mamba-ssm |
 | position_embedding_type | the learned absolute position embedding, or none | yes | yes |
