@@ -7,7 +7,7 @@ from harness.check.plan import CellPlan
 from harness.check.recipes import forecast
 from harness.check.versions import FAMILY_SPLIT, defect_covers, installed_mcore, model_defect, split_of
 from harness.model.recipes import EXPERTS
-from harness.records import ExpectMode, Expected, Patch
+from harness.records import ExpectMode, Expected, Patch, Stage
 from harness.tiers import Backend
 from harness.topology import oracle
 
@@ -86,7 +86,7 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
         return Expected.RULE_UNKNOWN, (
             f"{defect[0].label} (megatron-core {mcore or installed_mcore()}): only megatron-core "
             f"{defect[0].mcore} was read for it (harness/check/versions.py MODEL_DEFECTS)")
-    if defect and defect[1] == "save":
+    if defect and defect[1] == Stage.SAVE:
         return Expected.MTP_EMBEDDING_REFUSED, None
     if fails(save):
         return Expected.FAIL_SAVE, None

@@ -20,7 +20,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.check.layouts import CkptLayout, GoldenLayout, Restore
 from harness.model.recipes import EXPERTS, OTHER, SCALAR, SHARED_EXPERTS, STATIC_BLOCK
-from harness.records import Expected
+from harness.records import Expected, Stage
 from harness.fix import STATIC_BLOCK_PART
 
 # Layout of a grouped linear's weight quantizer in the checkpoint a release writes.
@@ -283,7 +283,7 @@ def model_defect(mtp_num_layers: int | None, position_embedding: str | None, sav
     """The model defect a cell's save or load meets, and the stage that meets it first (save,
     then load), or None. The caller decides what a release outside its band gets."""
     for defect in MODEL_DEFECTS:
-        for stage, topo in (("save", save), ("load", load)):
+        for stage, topo in ((Stage.SAVE, save), (Stage.LOAD, load)):
             if topo is not None and defect.reached(mtp_num_layers, position_embedding, topo):
                 return defect, stage
     return None

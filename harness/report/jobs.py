@@ -235,16 +235,38 @@ _KINDS_CACHE: dict[str, dict[str, list[str]]] = {}
 
 def _survey_kinds(ref: str, where: str) -> dict[str, list[str]]:
     if ref not in _KINDS_CACHE:
-        from harness.run.recipes import survey
-
         try:
-            (row,) = survey([ref], timeout_s=300, forecast_only=True)["rows"]
+            (row,) = _forecast([ref])["rows"]
         except RuntimeError as exc:
             raise ProfileError(f"{where}.profile.recipe: {ref}: {exc}") from None
         if "forecast" not in row:
             raise ProfileError(f"{where}.profile.recipe: {ref}: {row.get('left_out') or 'no forecast'}")
         _KINDS_CACHE[ref] = row["forecast"]
     return _KINDS_CACHE[ref]
+
+
+def _forecast(refs: list[str], timeout_s: float = 300.0) -> dict:
+    """The recipe survey's forecast of ``refs`` (harness/rank/recipe_survey.py --forecast-only),
+    in a process of its own: it builds the cpu model and initialises a process group."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from harness.paths import REPO_ROOT
+    from harness.rank.recipe_survey import FORECAST_ONLY, PREFIX
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "harness.rank.recipe_survey", FORECAST_ONLY, *refs],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the recipe survey ran past {timeout_s:.0f} s") from None
+    line = next((l for l in done.stdout.splitlines() if l.startswith(PREFIX)), None)
+    if done.returncode != 0 or line is None:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the recipe survey failed (exit {done.returncode}): {tail[0]}")
+    return json.loads(line[len(PREFIX):])
 
 
 def job_cells(job: Job, scenario: Scenario) -> list[Cell]:

@@ -9,18 +9,16 @@ import sys
 
 from harness.launch.bounded import run
 from harness.paths import REPO_ROOT
-from harness.rank.recipe_survey import FORECAST_ONLY, PREFIX
+from harness.rank.recipe_survey import PREFIX
 
 SURVEY_MODULE = "harness.rank.recipe_survey"
 SURVEY_TIMEOUT_S = 1800.0
 
 
-def survey(refs: list[str], timeout_s: float = SURVEY_TIMEOUT_S, forecast_only: bool = False) -> dict:
-    """The survey's document, from a process of its own (it builds a model and calibrates;
-    ``forecast_only``: only what each recipe's configuration makes, no calibration)."""
+def survey(refs: list[str], timeout_s: float = SURVEY_TIMEOUT_S) -> dict:
+    """The survey's document, from a process of its own (it builds a model and calibrates)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    flags = [FORECAST_ONLY] if forecast_only else []
-    done = run([sys.executable, "-m", SURVEY_MODULE, *flags, *refs], timeout_s, cwd=REPO_ROOT, env=env,
+    done = run([sys.executable, "-m", SURVEY_MODULE, *refs], timeout_s, cwd=REPO_ROOT, env=env,
                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = next((l for l in (done.stdout or "").splitlines() if l.startswith(PREFIX)), None)
     if done.timed_out or done.returncode != 0 or line is None:
