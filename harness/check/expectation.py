@@ -81,7 +81,7 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
     save, load = plan.save, plan.load
     # megatron-core's own refusal of a model tensor at a stage names that key first (rank 0's
     # keys lead its validation's errors, the embedding first): it decides that stage.
-    defect = model_defect(plan.mtp_num_layers, plan.position_embedding, save, load, mcore)
+    defect = model_defect(plan.mtp_num_layers, plan.position_embedding, save, load)
     if defect and not defect_covers(defect[0], mcore or installed_mcore()):
         return Expected.RULE_UNKNOWN, (
             f"{defect[0].label} (megatron-core {mcore or installed_mcore()}): only megatron-core "

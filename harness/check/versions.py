@@ -278,10 +278,11 @@ MTP_POSITION_EMBEDDING = ModelDefect(
 MODEL_DEFECTS = (MTP_POSITION_EMBEDDING,)
 
 
-def model_defect(mtp_num_layers: int | None, position_embedding: str | None, save, load,
-                 mcore: str | None) -> tuple[ModelDefect, str] | None:
+def model_defect(mtp_num_layers: int | None, position_embedding: str | None, save,
+                 load) -> tuple[ModelDefect, str] | None:
     """The model defect a cell's save or load meets, and the stage that meets it first (save,
-    then load), or None. The caller decides what a release outside its band gets."""
+    then load), or None, whatever the megatron-core: the caller decides what a release outside
+    its band gets (``defect_covers``)."""
     for defect in MODEL_DEFECTS:
         for stage, topo in ((Stage.SAVE, save), (Stage.LOAD, load)):
             if topo is not None and defect.reached(mtp_num_layers, position_embedding, topo):
