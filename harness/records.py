@@ -37,7 +37,9 @@ class Outcome(StrEnum):
     # recorded, nothing was predicted, so it is neither good nor unexpected.
     RULE_UNKNOWN = "rule-unknown"
     # A refusal the rule predicts that is NOT the collision (docs/findings.md, "Static NVFP4
-    # amax at another expert TP"): a limitation of the product, confirmed where predicted.
+    # amax at another expert TP"; megatron-core's MTP position embedding at pp > 1,
+    # harness/check/versions.py MTP_POSITION_EMBEDDING): a limitation of the product, confirmed
+    # where predicted.
     KNOWN_REFUSAL = "known-refusal"
     # ModelOpt refuses to quantize this model with this recipe (its exception, raised from its own
     # code inside mtq.quantize, in the record): nothing about checkpoints can be learnt from it.
@@ -55,6 +57,10 @@ class Expected(StrEnum):
     RULE_UNKNOWN = "rule-unknown"  # the pair has no rule: nothing is predicted
     # a static per-block amax loaded at another expert TP: megatron-core refuses its global shape
     RESHARD_REFUSED = "reshard-refused"
+    # MTP at pp > 1 with a learned absolute position embedding: megatron-core refuses the MTP
+    # stage's own position embedding, a second main replica (harness/check/versions.py
+    # MTP_POSITION_EMBEDDING), at the first stage at pp > 1 (the save, else the load)
+    MTP_EMBEDDING_REFUSED = "mtp-embedding-refused"
 
 
 class ExpectMode(StrEnum):
@@ -285,8 +291,10 @@ class CellRecord:
         "save's expert_weight_amax_keys (harness/check/judge.py stage_evidence); an "
         "`unexpected-pass` needs it; absent before the field", default=None)
     model: dict | None = described(
-        "what model ran: its kind, sizes and the modules that are on (ModelSize.record); the "
-        "verdict refuses another model's evidence and names records made before the field",
+        "what model ran: its kind, sizes, the modules that are on and its "
+        "position_embedding_type (ModelSize.record; a record before that key built its kind's "
+        "own: learned_absolute for gpt, none for hybrid); the verdict refuses another model's "
+        "evidence and names records made before the field",
         default=None)
     amax_keys: dict | None = described(
         "the quantizer amax keys its checkpoint holds per module family, MTP layers' apart under "

@@ -78,10 +78,9 @@ BAD = [  # id, file body, the words of its one line
     # hybrid_layer_allocation.py:459-464: the '|' segments split evenly over pp
     ("pattern-pp", TE + 'saves = ["tp1-etp1-ep1-pp2"]\n[model]\nkind = "hybrid"\nnum_layers = 3\n'
      'hybrid_layer_pattern = "M*|E|E"\n', ["its 3 '|' segments are not divisible by pp 2"]),
-    # language_module.py:307: the MTP stage's embedding copy goes through .cuda()
-    ("mtp-pp2-on-cpu", CPU + 'saves = ["tp1-etp1-ep2"]\nloads = ["tp1-etp1-ep1-pp2"]\n'
-     "[model]\nmtp_num_layers = 1\n",
-     ["loads[0]: tp1-etp1-ep1-pp2: model.mtp_num_layers at pp > 1", "tiers gpu-shared and gpu only"]),
+    # a position embedding megatron-core does not take from a scenario (modules.py POSITION_EMBEDDINGS)
+    ("position-rope", CPU + SAVES + '[model]\nposition_embedding_type = "rope"\n',
+     ["model.position_embedding_type", "learned_absolute", "none"]),
 ]
 
 

@@ -42,6 +42,7 @@ NOT_THE_WORD = {
     ("harness/report/summary.py", "none", 'or "none")'): "no cells in the run",
     ("harness/model/gpt.py", "none"): "megatron-core's moe_router_load_balancing_type",
     ("harness/model/hybrid.py", "none"): "megatron-core's position_embedding_type",
+    ("harness/model/modules.py", "none"): "megatron-core's position_embedding_type",
     # fields and names that spell a stage
     ("harness/check/judge.py", "verify", 'get("verify"'): "the rank result's field of figures",
     ("harness/check/rejudge.py", "verify", '{"verify": rec.verify}'): "the rank result's field of figures",

@@ -57,7 +57,7 @@ def decide(plan: CellPlan, modelopt: str | None, mcore: str | None,
     behaviour = versions.rules_for(modelopt, mcore)
     kinds = kinds_for(plan, recorded)
     parts = plan.fix_parts if fix_parts is None else tuple(fix_parts)
-    word, why = expectation(plan, behaviour, kinds, parts)
+    word, why = expectation(plan, behaviour, kinds, parts, mcore)
     return CellDecision(
         modelopt=modelopt, mcore=mcore, behaviour=behaviour, expected=word, fix_parts=parts,
         notice=behaviour.notice(modelopt, mcore) or why, kinds=kinds,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from harness.check.layouts import Restore
 from harness.check.plan import CellPlan
 from harness.check.recipes import forecast
-from harness.check.versions import FAMILY_SPLIT, split_of
+from harness.check.versions import FAMILY_SPLIT, defect_covers, installed_mcore, model_defect, split_of
 from harness.model.recipes import EXPERTS
-from harness.records import ExpectMode, Expected, Patch
+from harness.records import ExpectMode, Expected, Patch, Stage
 from harness.tiers import Backend
 from harness.topology import oracle
 
@@ -27,12 +27,15 @@ def expected(plan: CellPlan, behaviour) -> str:
 
 
 def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
-                fix_parts: tuple[str, ...] = ()) -> tuple[str, str | None]:
-    """(pass | fail-save | fail-load | amax-lost | not-restored | reshard-refused | rule-unknown,
-    and for rule-unknown from a kind: one line naming the kind, family and missing rule).
+                fix_parts: tuple[str, ...] = (), mcore: str | None = None) -> tuple[str, str | None]:
+    """(pass | fail-save | fail-load | amax-lost | not-restored | reshard-refused |
+    mtp-embedding-refused | rule-unknown, and for rule-unknown from a kind or a model defect: one
+    line naming what has no rule). ``mcore``: the megatron-core that ran (None: the installed one).
 
     ``oracle`` mode: a pair with no rule, unknown kinds, or a (kind, family) the pair has no rule
-    for predicts nothing; an unpatched golden whose layout that version cannot restore expects
+    for predicts nothing; megatron-core's own refusal of a model tensor (MODEL_DEFECTS: MTP at
+    pp > 1 with a learned absolute position embedding) decides the first stage that meets it,
+    before the collision (a release whose sources were not read for it: rule-unknown); an unpatched golden whose layout that version cannot restore expects
     ``not-restored``; then the version's replica rule (the fix's rule when patched,
     harness/topology/oracle.py) on the routed experts' kinds for the save, then the load
     topology; then each family's kind at a change of the size that family is split over (expert
@@ -76,8 +79,19 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
                     or (shared and oracle.shared_collisions(topo, shared)))
 
     save, load = plan.save, plan.load
+    # megatron-core's own refusal of a model tensor at a stage names that key first (rank 0's
+    # keys lead its validation's errors, the embedding first): it decides that stage.
+    defect = model_defect(plan.mtp_num_layers, plan.position_embedding, save, load)
+    if defect and not defect_covers(defect[0], mcore or installed_mcore()):
+        return Expected.RULE_UNKNOWN, (
+            f"{defect[0].label} (megatron-core {mcore or installed_mcore()}): only megatron-core "
+            f"{defect[0].mcore} was read for it (harness/check/versions.py MODEL_DEFECTS)")
+    if defect and defect[1] == Stage.SAVE:
+        return Expected.MTP_EMBEDDING_REFUSED, None
     if fails(save):
         return Expected.FAIL_SAVE, None
+    if defect:  # at the load
+        return Expected.MTP_EMBEDDING_REFUSED, None
     if load and fails(load):
         return Expected.FAIL_LOAD, None
     if load:

@@ -52,9 +52,10 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
     elif is_not_quantizable(save.cause):
         not_quantizable(rec, save)
     elif cell.load is None:
-        save_only(rec, save, cell.save, d)
+        save_only(rec, save, cell.save, d, cell)
     elif not save.ok:
-        blocked(rec, save, cell.save.id)
+        if not known_model_refusal(rec, save, cell.save, cell, blocked_by=cell.save.id):
+            blocked(rec, save, cell.save.id)
     elif load is None:
         rec.outcome, rec.reason = Outcome.SKIPPED, "load stage not run"
     elif load.interrupted:
@@ -171,6 +172,50 @@ def is_shape_refusal(cause: StageCause | None) -> bool:
                 and "weight_quantizer._amax" in text)
 
 
+def model_defect_seen(cause: StageCause | None, topology, cell: CellPlan):
+    """The model defect (harness/check/versions.py MODEL_DEFECTS) a stage at ``topology`` met,
+    by megatron-core's own words on its key, where the cell's model reaches it; else None."""
+    for defect in versions.MODEL_DEFECTS:
+        if not defect.reached(cell.mtp_num_layers, cell.position_embedding, topology):
+            continue
+        if (cause and (cause.exc_type or "").endswith(defect.exception)
+                and defect.text in (cause.message or "")
+                and (cause.key == defect.key or f"key='{defect.key}'" in (cause.message or ""))):
+            return defect
+    return None
+
+
+def known_model_refusal(rec: CellRecord, stage: StageResult, topology, cell: CellPlan,
+                        blocked_by: str | None = None) -> bool:
+    """A failed stage that is the model defect the cell expects: ``known-refusal`` with the
+    defect's finding (and, for a load cell, that its save was the stage refused)."""
+    if rec.expected != Expected.MTP_EMBEDDING_REFUSED or stage.timed_out:
+        return False
+    defect = model_defect_seen(stage.cause, topology, cell)
+    if defect is None:
+        return False
+    fill_failure(rec, stage)
+    rec.outcome = Outcome.KNOWN_REFUSAL
+    rec.reason = (f"blocked by the save at {blocked_by}, which megatron-core refused: "
+                  if blocked_by else "") + defect.finding
+    return True
+
+
+def model_defect_gone(rec: CellRecord, stage: str, topology) -> None:
+    """A stage passed where megatron-core's model defect was expected: ``unexpected-pass`` (the
+    defect is gone) only on evidence that every rank of ``topology`` ran it with validation on."""
+    why = missing_evidence(rec, stage, topology, amax=False)
+    if why is None:
+        rec.outcome = Outcome.UNEXPECTED_PASS
+        rec.reason = (f"expected megatron-core to refuse the model at {topology.id} ({rec.expected}: "
+                      f"{versions.MTP_POSITION_EMBEDDING.label}), but the {stage} passed: the "
+                      "defect is gone in this megatron-core")
+        return
+    rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, stage
+    rec.reason = (f"the {stage} passed where megatron-core's refusal was expected ({rec.expected}), "
+                  f"but {why}: no evidence either way")
+
+
 def settle_unknown(rec: CellRecord) -> None:
     """A pair with no rule predicts nothing: its cell is ``rule-unknown``, whatever ran (kept in
     the record), never judged by another pair's rule. A recipe ModelOpt refuses is not a
@@ -231,9 +276,13 @@ def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str, d: Ce
             rec.reason = f"{stage.stage} stage timed out"
 
 
-def save_only(rec: CellRecord, save: StageResult, topology, d: CellDecision) -> None:
+def save_only(rec: CellRecord, save: StageResult, topology, d: CellDecision,
+              cell: CellPlan | None = None) -> None:
     if not save.ok:
-        failed_stage(rec, save, Expected.FAIL_SAVE, d)
+        if cell is None or not known_model_refusal(rec, save, topology, cell):
+            failed_stage(rec, save, Expected.FAIL_SAVE, d)
+    elif rec.expected == Expected.MTP_EMBEDDING_REFUSED:
+        model_defect_gone(rec, Stage.SAVE, topology)
     elif rec.expected == Expected.FAIL_SAVE:
         bug_gone(rec, Stage.SAVE, topology)
     else:
@@ -264,7 +313,7 @@ def note_evidence(rec: CellRecord, stage: StageResult) -> None:
         rec.evidence = {**(rec.evidence or {}), stage.stage: evidence}
 
 
-def missing_evidence(rec: CellRecord, stage: str, topology) -> str | None:
+def missing_evidence(rec: CellRecord, stage: str, topology, amax: bool = True) -> str | None:
     """Why the record does not show that its ``stage`` really ran where the collision should
     have fired (every rank of ``topology``, megatron-core's validation on; a save: per-expert
     weight amax saved), or None when it does. A pass without that is no news about the bug."""
@@ -276,7 +325,7 @@ def missing_evidence(rec: CellRecord, stage: str, topology) -> str | None:
                 f"{topology.world_size} at {topology.id}")
     if not ev.get("validated"):
         return f"megatron-core's sharding validation was off in the {stage} stage"
-    if stage == Stage.SAVE and not ev.get("expert_weight_amax_keys"):
+    if amax and stage == Stage.SAVE and not ev.get("expert_weight_amax_keys"):
         return "the save wrote no per-expert weight-quantizer amax: nothing could collide"
     return None
 
@@ -340,6 +389,7 @@ def _load(rec: CellRecord, stage: StageResult, cell: CellPlan, d: CellDecision) 
             rec.outcome = Outcome.BUG_REPRODUCED  # megatron-core refused the checkpoint's amax
         if rec.expected == Expected.RESHARD_REFUSED and not stage.timed_out and is_shape_refusal(stage.cause):
             rec.outcome, rec.reason = Outcome.KNOWN_REFUSAL, SHAPE_REFUSAL_FINDING
+        known_model_refusal(rec, stage, cell.load, cell)
         return
     rec.verify = judged_verify(stage.rank0.get("verify", {}), rec.tier)
     problems = verify_problems(rec.verify, known_gaps)
@@ -353,6 +403,8 @@ def _load(rec: CellRecord, stage: StageResult, cell: CellPlan, d: CellDecision) 
                           "but every tensor matched: older checkpoints now load without the fix")
     elif rec.expected == Expected.AMAX_LOST:
         _amax_lost(rec, known_gaps, problems)
+    elif rec.expected == Expected.MTP_EMBEDDING_REFUSED:
+        model_defect_gone(rec, Stage.LOAD, cell.load)
     elif rec.expected == Expected.FAIL_SAVE:
         bug_gone(rec, Stage.SAVE, cell.save)
     elif rec.expected == Expected.FAIL_LOAD:

@@ -42,6 +42,11 @@ class CellPlan:
     # The fix's opt-in parts the scenario asks its ranks to install: what decides before a stage
     # has reported the parts they did install (harness/check/judge.py ran_decision).
     fix_parts: tuple[str, ...] = ()
+    # The model's MTP layers and position embedding (harness/model/gpt.py ModelSize): what
+    # megatron-core's own refusals read (harness/check/versions.py MODEL_DEFECTS). None: not known
+    # (a recorded cell no scenario holds now).
+    mtp_num_layers: int | None = None
+    position_embedding: str | None = None
 
     @property
     def world(self) -> int:

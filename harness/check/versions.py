@@ -21,7 +21,7 @@ from packaging.version import InvalidVersion, Version
 from harness.check.layouts import CkptLayout, GoldenLayout, Restore
 from harness.model.recipes import (EXPERTS, NO_AMAX, OTHER, PER_BLOCK, PER_CHANNEL, SCALAR,
                                    SHARED_EXPERTS, STATIC_BLOCK)
-from harness.records import Expected
+from harness.records import Expected, Stage
 from harness.fix import PARTS_ONLY_VERSIONS, STATIC_BLOCK_PART
 
 # Layout of a grouped linear's weight quantizer in the checkpoint a release writes.
@@ -331,6 +331,81 @@ def dense_per_block_rule() -> KindRule:
         "(custom.py:177-181), but _setup_for_blockquant keeps a cached _block_reshape_size "
         "(nn/modules/tensor_quantizer.py:1001-1002): whether the restored one fits the load's "
         "local weight is not decided by reading")
+
+
+@dataclass(frozen=True)
+class ModelDefect:
+    """A refusal of megatron-core's own, on a tensor of the model rather than a quantizer's: what
+    a checkpoint of that model meets at a topology whatever the nvidia-modelopt. Judged as a known
+    refusal (``Expected.MTP_EMBEDDING_REFUSED`` -> ``known-refusal``) where its release band was
+    read, as ``rule-unknown`` on another megatron-core; never as the collision."""
+
+    label: str
+    mcore: str  # PEP 440 band of the megatron-core releases whose sources were read
+    exception: str  # the exception type's name
+    text: str  # what its message says
+    key: str  # the checkpoint key it names
+    source: str
+    finding: str  # the record's reason when it is seen where predicted
+    checked_on: str = ""
+
+    def reached(self, mtp_num_layers: int | None, position_embedding: str | None, topo) -> bool:
+        """Whether a model with these modules meets it at ``topo`` (a save or a load)."""
+        return bool(mtp_num_layers) and position_embedding == "learned_absolute" and topo.pp > 1
+
+
+# MTP at pipeline depth > 1 with a learned absolute position embedding (issue 52 item 4). Read in
+# megatron-core 0.19.2 (paths under megatron/core/): without a pipeline layout the MTP block sits
+# on the last stage (transformer/multi_token_prediction.py:651-656), which at pp > 1 is not the
+# first; GPTModel builds that stage its own LanguageModelEmbedding (models/gpt/gpt_model.py:
+# 167-175; HybridModel the same, models/hybrid/hybrid_model.py:234-242), whose learned absolute
+# position embedding is a torch.nn.Embedding (models/common/embeddings/language_model_embedding.py:
+# 44, :66-69). LanguageModule.sharded_state_dict ties only the word embedding of the MTP stage to
+# the first stage's (models/common/language_module/language_module.py:441-449: replica id (1, 0,
+# dp) from transformer/multi_token_prediction.py:85-99); the position embedding keeps the default
+# replica id (0, tp rank, dp rank) of make_sharded_tensor_for_checkpoint (utils.py:1149-1150,
+# through transformer/utils.py:182-188) on both stages, so the key has two main replicas and
+# validate_sharding_integrity refuses it (dist_checkpointing/validation.py:437-443, raised at
+# :401-403). Nor does setup_embeddings_and_output_layer sync it (language_module.py:300-308 all-
+# reduces the word embedding only): the MTP stage's copy keeps its own initialisation. Nemotron-3
+# models have no learned position embedding (harness/model/modules.py): the jobs never meet it.
+MTP_POSITION_EMBEDDING = ModelDefect(
+    label="MTP at pp > 1 with a learned absolute position embedding",
+    mcore="==0.19.2",
+    exception="CheckpointingException",
+    text="Invalid access pattern",
+    key="embedding.position_embeddings.weight",
+    source=("megatron-core 0.19.2 models/common/language_module/language_module.py:441-449 ties "
+            "only embedding.word_embeddings.weight of the MTP stage's own LanguageModelEmbedding "
+            "(models/gpt/gpt_model.py:167-175) to the first stage's; its learned absolute "
+            "embedding.position_embeddings.weight keeps replica id (0, tp, dp) on both stages: two "
+            "main replicas, refused by dist_checkpointing/validation.py:437-443"),
+    finding=("megatron-core 0.19.2 refuses embedding.position_embeddings.weight at pp > 1 with "
+             "MTP: the MTP stage's own learned absolute position embedding is a second main "
+             "replica (models/common/language_module/language_module.py:441-449 ties only the "
+             "word embedding); a defect of megatron-core, not the collision; Nemotron-3 models "
+             "have no learned position embedding"),
+)
+MODEL_DEFECTS = (MTP_POSITION_EMBEDDING,)
+
+
+def model_defect(mtp_num_layers: int | None, position_embedding: str | None, save,
+                 load) -> tuple[ModelDefect, str] | None:
+    """The model defect a cell's save or load meets, and the stage that meets it first (save,
+    then load), or None, whatever the megatron-core: the caller decides what a release outside
+    its band gets (``defect_covers``)."""
+    for defect in MODEL_DEFECTS:
+        for stage, topo in ((Stage.SAVE, save), (Stage.LOAD, load)):
+            if topo is not None and defect.reached(mtp_num_layers, position_embedding, topo):
+                return defect, stage
+    return None
+
+
+def defect_covers(defect: ModelDefect, mcore: str | None) -> bool:
+    try:
+        return in_band(defect.mcore, mcore or "")
+    except InvalidVersion:
+        return False
 
 
 @dataclass(frozen=True)

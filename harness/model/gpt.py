@@ -43,6 +43,21 @@ class ModelSize:
     moe_router_enable_expert_bias: bool = False
     mtp_num_layers: int | None = None
     moe_latent_size: int | None = None
+    # None: the kind's own (KIND_POSITION_EMBEDDING); Nemotron-3 models have none
+    # (harness/model/modules.py POSITION_EMBEDDINGS says why and which values).
+    position_embedding_type: str | None = None
+
+    def __post_init__(self):
+        # The kind's own position embedding named explicitly is the same model: the same record,
+        # repr and save id as when it is left out.
+        if self.position_embedding_type == KIND_POSITION_EMBEDDING.get(self.kind):
+            object.__setattr__(self, "position_embedding_type", None)
+
+    @property
+    def position_embedding(self) -> str:
+        """The position embedding the model is built with (GPTModel / HybridModel's
+        ``position_embedding_type``)."""
+        return self.position_embedding_type or KIND_POSITION_EMBEDDING.get(self.kind, "learned_absolute")
 
     def as_dict(self) -> dict:
         """Every size, and only the modules that are on: a model without them gives the same
@@ -55,13 +70,17 @@ class ModelSize:
 
     def record(self) -> dict:
         """What a cell record says of the model that ran (CellRecord.model): ``as_dict`` with
-        its kind always named."""
-        return {"kind": self.kind, **self.as_dict()}
+        its kind and its position embedding always named."""
+        return {"kind": self.kind, **self.as_dict(), "position_embedding_type": self.position_embedding}
 
     def difference(self, recorded: dict) -> str | None:
         """One line naming how a recorded model (``record``'s dict) differs from this one, or
-        None when it is this one."""
+        None when it is this one. A record made before the position embedding was recorded built
+        its kind's own (KIND_POSITION_EMBEDDING: the only one the harness built then)."""
         mine = self.record()
+        if "position_embedding_type" not in recorded:
+            kind = recorded.get("kind", "gpt")
+            recorded = {**recorded, "position_embedding_type": KIND_POSITION_EMBEDDING.get(kind)}
         diff = [f"{k} {recorded.get(k, 'absent')} recorded, {mine.get(k, 'absent')} in the profile"
                 for k in sorted(set(mine) | set(recorded)) if recorded.get(k) != mine.get(k)]
         return "; ".join(diff) or None
@@ -97,7 +116,12 @@ class ModelSize:
 
 MODULE_FIELDS = ("kind", "hybrid_layer_pattern", "moe_shared_expert_intermediate_size",
                  "moe_router_score_function", "moe_router_enable_expert_bias", "mtp_num_layers",
-                 "moe_latent_size")
+                 "moe_latent_size", "position_embedding_type")
+# The position embedding each kind builds unless the scenario says otherwise: the GPT model's
+# learned absolute one, as the harness always built it (every committed golden and record); the
+# hybrid model's none, HybridModel's default (megatron-core 0.19.2 models/hybrid/hybrid_model.py:
+# 118-119), as harness/model/hybrid.py always built it.
+KIND_POSITION_EMBEDDING = {"gpt": "learned_absolute", "hybrid": "none"}
 
 
 CPU_SIZE = ModelSize()
@@ -193,7 +217,8 @@ def build_gpt(topo: Topology, size: ModelSize, backend: str, seed: int = 1234):
             vocab_size=size.vocab_size,
             max_sequence_length=size.seq_length,
             share_embeddings_and_output_weights=False,
-            position_embedding_type="learned_absolute",  # rope reads torch.cuda.current_device()
+            # learned_absolute by default (the goldens'), none as Nemotron-3 (modules.py)
+            position_embedding_type=size.position_embedding,
             **stages,
             **_mtp(config, spec, backend),
         )

@@ -35,5 +35,6 @@ def build_hybrid(config, size, pre_process: bool, post_process: bool):
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=False,
-        position_embedding_type="none",  # HybridModel's default (hybrid_model.py:118-119)
+        # none unless the scenario says otherwise: HybridModel's default (hybrid_model.py:118-119)
+        position_embedding_type=size.position_embedding,
     )

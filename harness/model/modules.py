@@ -13,9 +13,20 @@ router state a trained model holds. Source paths below are under megatron/core/.
 | --- | --- | --- | --- |
 | moe_shared_expert_intermediate_size | shared expert MLP beside the routed experts | yes | yes |
 | moe_router_score_function, moe_router_enable_expert_bias | sigmoid router, expert_bias buffer | yes | yes |
-| mtp_num_layers | MTP block on the last pipeline stage | yes (pp 1 on cpu) | yes |
+| mtp_num_layers | MTP block on the last pipeline stage | yes (loads at pp > 1 too) | yes |
 | moe_latent_size | latent projections around the experts | no: TELinear | yes |
 | kind = "hybrid", hybrid_layer_pattern | HybridModel (harness/model/hybrid.py) | no: TE | yes, with mamba-ssm |
+| position_embedding_type | the learned absolute position embedding, or none | yes | yes |
+
+The position embedding: the GPT model has megatron-core's learned absolute one unless the scenario
+says ``"none"`` (the committed goldens and plain scenarios keep it); Nemotron-3 models have none
+(megatron-core's HybridModel default, models/hybrid/hybrid_model.py:118-119, "Mamba with no
+attention has no need for position embeddings"; Megatron-Bridge's NemotronHModelProvider keeps its
+MambaModelProvider base's ``position_embedding_type = "none"``). It matters with MTP at pp > 1: the
+MTP stage builds its own LanguageModelEmbedding (models/gpt/gpt_model.py:167-175) and ties only its
+word embedding to the first stage's (models/common/language_module/language_module.py:441-449),
+so a learned absolute ``embedding.position_embeddings.weight`` has two main replicas
+(harness/check/versions.py MTP_POSITION_EMBEDDING).
 """
 from __future__ import annotations
 
@@ -28,6 +39,12 @@ from harness.topology.topology import MAMBA_EXPAND, MAMBA_HEAD_DIM, MAMBA_NUM_GR
 KINDS = ("gpt", "hybrid")
 SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")  # transformer/transformer_config.py:787
 EXPERT_BIAS_SCORES = ("sigmoid", "sqrtsoftplus")  # transformer/transformer_config.py:2284-2292
+# What a scenario may give position_embedding_type: two of the values GPTModel takes
+# (models/gpt/gpt_model.py:105-107) and HybridModel takes (hybrid_model.py:119). Not the rotary
+# ones (rope, mrope, yarn): the harness's forward passes no rotary arguments, and
+# RotaryEmbedding moves its frequencies to torch.cuda.current_device() on a forward
+# (models/common/embeddings/rotary_pos_embedding.py:162), which the cpu tier has not.
+POSITION_EMBEDDINGS = ("learned_absolute", "none")
 # The layer symbols of models/hybrid/hybrid_layer_allocation.py:17-25 that Nemotron-3 uses:
 # M Mamba, * attention, - MLP, E MoE; "|" ends a pipeline stage, "/" starts an MTP depth.
 HYBRID_PATTERN_RE = r"^[-M*E|]+(?:/[-M*E]+)*$"

@@ -90,7 +90,10 @@ def configured_kinds(quant_cfg, only_named: bool = False) -> dict[str, list[str]
     return {k: sorted(v) for k, v in sorted(found.items())}
 
 
-def survey_one(ref: str) -> dict:
+FORECAST_ONLY = "--forecast-only"  # the kinds its configuration makes, no calibration
+
+
+def survey_one(ref: str, forecast_only: bool = False) -> dict:
     """One recipe: why it is left out (not a PTQ recipe, no routed-expert weight quantized), or
     its forecast kinds per family and what calibrating it on the cpu model made (``calibrated``)
     or ModelOpt's refusal there (``refused``; ``needs_gpu`` where it asks for CUDA or triton)."""
@@ -112,6 +115,8 @@ def survey_one(ref: str) -> dict:
     if EXPERTS not in configured_kinds(config["quant_cfg"], only_named=True):
         return {**row, "left_out": "quantizes no routed-expert weight"}
     row["forecast"] = configured_kinds(config["quant_cfg"])
+    if forecast_only:
+        return row
     model, size = survey_model()
     start = time.monotonic()
     try:
@@ -135,7 +140,7 @@ def _algorithm(algorithm) -> str:
     return str(algorithm)
 
 
-def main(refs: list[str]) -> dict:
+def main(refs: list[str], forecast_only: bool = False) -> dict:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     import torch.distributed as dist
@@ -151,12 +156,13 @@ def main(refs: list[str]) -> dict:
         init_rank(Topology.parse(SURVEY_TOPOLOGY), Tier.CPU, 120)
         import modelopt
 
-        rows = [survey_one(ref) for ref in (refs or mtq_constants() + library_files())]
+        rows = [survey_one(ref, forecast_only) for ref in (refs or mtq_constants() + library_files())]
         dist.destroy_process_group()
     return {"modelopt": modelopt.__version__, "model": "cpu tier: local spec, SequentialMLP "
             f"experts, a shared expert, {SURVEY_TOPOLOGY}", "rows": rows}
 
 
 if __name__ == "__main__":
-    doc = main(sys.argv[1:])
+    args = sys.argv[1:]
+    doc = main([a for a in args if a != FORECAST_ONLY], FORECAST_ONLY in args)
     print(PREFIX + json.dumps(doc), flush=True)

@@ -123,11 +123,15 @@ def _host(tier: str, world: int) -> str:
 
 
 def what_would_decide(job: vd.Job, pair: Pair | None, patched: bool, missing: list[str],
-                      look_in_committed: bool = False) -> str:
+                      look_in_committed: bool = False, kind_without_rule: str | None = None) -> str:
     """One line: the scenario and cells that would decide the job for ``pair``, and the host;
     ``look_in_committed``: first, whether the committed records of the pair hold them."""
     from harness.check.versions import rules_for
 
+    if kind_without_rule:  # no run decides it before a rule exists
+        return ("what would decide: a rule for that amax kind in harness/check/versions.py "
+                "(KindRule, read from both packages' sources), then the job's cells with its "
+                "recipe run on a GPU host")
     if look_in_committed and pair is not None and _committed_hold(pair, missing):
         return (f"what would decide: the committed records of that pair hold them: python -m "
                 f"harness verdict --job {job.id} --gate --modelopt {pair.modelopt} --mcore "
@@ -203,7 +207,9 @@ def gate_line(v: vd.Verdict, patched: bool, code: int, pair: Pair | None = None,
     if v.word == vd.INCOMPLETE:
         why = f"cannot decide: {len(missing_cells(v, pair))} cell(s) still missing (listed above)"
     if code == EXIT_UNDECIDED:
-        why += f"; {what_would_decide(j, pair, patched, missing_cells(v, pair), look_in_committed)}"
+        decide = what_would_decide(j, pair, patched, missing_cells(v, pair), look_in_committed,
+                                   v.kind_without_rule)
+        why += f"; {decide}"
     return f"gate {j.id}: {v.word} -> exit {code}: stays quarantined: {why}"
 
 
@@ -241,7 +247,7 @@ def main(docs: list[tuple[str, Mapping[str, Any]]], job_id: str, patched: bool,
     pair = pair_of_runs([RunResults.of(doc) for _, doc in docs])
     v, sources = judge_job(docs, job_id, patched=patched)
     code = exit_code(v.word, patched)
-    if not v.ran:
+    if not v.ran and not v.kind_without_rule:
         why = (f"none of the {len(docs)} results file(s) ({pair or 'no cells'}) holds a cell of this "
                "job that ran" if docs else "no results")
         missing = missing_cells(v, pair)

@@ -214,12 +214,70 @@ def stand_ins(job: Job, by_name: Mapping[str, Scenario]) -> tuple[Scenario, Scen
     return out[0], out[1]
 
 
+def by_kinds(job: Job, scenario: Scenario) -> bool:
+    """Whether ``scenario`` stands in for ``job`` by the amax kinds its recipe makes rather than by
+    its recipe's name: the job's recipe is a job owner's own file (``file:``) and the scenario
+    quantizes with another. The verdict then takes only records whose kinds are the file's
+    (harness/report/verdict.py of_the_kinds) and judges them by them (issue 52 item 7)."""
+    return scenario.recipe != job.profile.recipe and job.profile.recipe.startswith("file:")
+
+
+def file_recipe_kinds(job: Job) -> dict[str, list[str]]:
+    """The amax kinds, per module family, the job's own recipe file configures the weight
+    quantizers for, by ModelOpt's own matching on the cpu tier's model (the recipe survey's
+    forecast, harness/rank/recipe_survey.py configured_kinds); ProfileError when ModelOpt cannot
+    read the file or it quantizes no routed-expert weight."""
+    return _survey_kinds(job.profile.recipe, job.where)
+
+
+_KINDS_CACHE: dict[str, dict[str, list[str]]] = {}
+
+
+def _survey_kinds(ref: str, where: str) -> dict[str, list[str]]:
+    if ref not in _KINDS_CACHE:
+        try:
+            (row,) = _forecast([ref])["rows"]
+        except RuntimeError as exc:
+            raise ProfileError(f"{where}.profile.recipe: {ref}: {exc}") from None
+        if "forecast" not in row:
+            raise ProfileError(f"{where}.profile.recipe: {ref}: {row.get('left_out') or 'no forecast'}")
+        _KINDS_CACHE[ref] = row["forecast"]
+    return _KINDS_CACHE[ref]
+
+
+def _forecast(refs: list[str], timeout_s: float = 300.0) -> dict:
+    """The recipe survey's forecast of ``refs`` (harness/rank/recipe_survey.py --forecast-only),
+    in a process of its own: it builds the cpu model and initialises a process group."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from harness.paths import REPO_ROOT
+    from harness.rank.recipe_survey import FORECAST_ONLY, PREFIX
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "harness.rank.recipe_survey", FORECAST_ONLY, *refs],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the recipe survey ran past {timeout_s:.0f} s") from None
+    line = next((l for l in done.stdout.splitlines() if l.startswith(PREFIX)), None)
+    if done.returncode != 0 or line is None:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the recipe survey failed (exit {done.returncode}): {tail[0]}")
+    return json.loads(line[len(PREFIX):])
+
+
 def job_cells(job: Job, scenario: Scenario) -> list[Cell]:
     """The scenario's save-only cell at the job's save and its save -> load cell for every load
-    of the job's reload grid; the scenario must quantize with the job's recipe."""
-    if scenario.recipe != job.profile.recipe:
+    of the job's reload grid; the scenario must quantize with the job's recipe, or, for a job
+    owner's recipe file, may quantize with another (``by_kinds``: the kinds decide)."""
+    if scenario.recipe != job.profile.recipe and not by_kinds(job, scenario):
         raise ProfileError(f"{job.where}.profile.recipe: job {job.id} quantizes with "
                            f"{job.profile.recipe}, its scenario {scenario.name} with {scenario.recipe}")
+    if by_kinds(job, scenario):
+        file_recipe_kinds(job)  # read and checked here: a file ModelOpt cannot read stops the verdict
     wanted = {t.id for t in job.profile.loads}
     cells = [c for c in scenario.cells() if c.save.id == job.save.id
              and (c.load is None or c.load.id in wanted)]

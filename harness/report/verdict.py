@@ -35,8 +35,8 @@ from typing import Any, Mapping
 from harness.check.judge import SHAPE_REFUSAL_FINDING
 from harness.check.results_file import read_results
 from harness.report.summary import cause
-from harness.report.jobs import (QUARANTINE, Job, Quarantine, job_cells, load_quarantine,  # noqa: F401
-                                 stand_ins)
+from harness.report.jobs import (QUARANTINE, Job, Quarantine, by_kinds, file_recipe_kinds,  # noqa: F401
+                                 job_cells, load_quarantine, stand_ins)
 from harness.records import CellRecord, Outcome, RunResults, Stage
 from harness.scenario.cells import Cell, Scenario
 from harness.machine import skip_kind
@@ -75,6 +75,8 @@ class Verdict:
     tier: str
     evidence: list[Evidence] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # loads the rule refuses (known-refusal)
+    # RULE UNKNOWN from the job's own recipe file: the amax kind no rule covers, in one line
+    kind_without_rule: str | None = None
 
     @property
     def unexpected(self) -> bool:
@@ -153,6 +155,50 @@ def of_the_profile(cell: Cell, rec: CellRecord | None, note: str) -> tuple[CellR
     return None, f"not evidence for this profile: its model differs ({diff})"
 
 
+def _on(kinds: dict[str, list[str]], families) -> dict[str, list[str]]:
+    return {f: sorted(k) for f, k in sorted(kinds.items()) if families is None or f in families}
+
+
+def of_the_kinds(job: Job, cell: Cell, rec: CellRecord | None, note: str) -> tuple[CellRecord | None, str]:
+    """For a cell standing in for a job owner's recipe file by its kinds (jobs.py ``by_kinds``):
+    ``rec`` when the amax kinds its save made (recorded; before the field, its recipe's forecast)
+    are those the file makes on the cell's model; otherwise no evidence, and the note says how
+    they differ. Any other cell: ``rec`` as it is."""
+    if rec is None or rec.outcome in NOT_RUN or not by_kinds(job, cell.scenario):
+        return rec, note
+    from harness.check.expectation import kinds_for
+
+    mine = _on(file_recipe_kinds(job), cell.plan.families)
+    ran = kinds_for(cell.plan, rec.amax_kinds)
+    if ran is not None and _on(ran, cell.plan.families) == mine:
+        return rec, "; ".join(x for x in (note, f"stands in for {job.profile.recipe} by its amax kinds {mine}") if x)
+    return None, (f"not evidence for this profile: its save made amax kinds {ran}, recipe "
+                  f"{job.profile.recipe} makes {mine}")
+
+
+def unruled_kind(job: Job, cells: list[Cell], records: Mapping[str, CellRecord]) -> str | None:
+    """For a job owner's recipe file standing in by kinds: one line naming an amax kind of the
+    file that the rule of a pair its records ran under has no rule for (what a cell with those
+    kinds is judged by: harness/check/expectation.py), else None."""
+    from harness.check.versions import rules_for
+
+    for c in cells:
+        rec = records.get(c.id)
+        if rec is None or not by_kinds(job, c.scenario) or rec.outcome in NOT_RUN:
+            continue
+        rec = with_pair(rec)
+        behaviour = rules_for(rec.modelopt, rec.mcore)
+        if not behaviour.known:
+            continue  # the pair's own notice decides (rule-unknown)
+        for family, kinds in _on(file_recipe_kinds(job), c.plan.families).items():
+            for kind in kinds:
+                if behaviour.kind_rule(kind, family, tuple(rec.fix_parts or ())) is None:
+                    return (f"under {pair_of(rec)}: recipe {job.profile.recipe}: no rule for amax "
+                            f"kind {kind!r} of the {family} under {behaviour.label} "
+                            "(harness/check/versions.py)")
+    return None
+
+
 def change_reason(old: Record, new: Record) -> str:
     """Why re-judging changed a record's outcome, in one line."""
     from harness.check.logits import topology_finding
@@ -192,6 +238,7 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
         for c in cells:
             rec, notes[c.id] = rejudged(c, None if c.id in stopped else records.get(c.id))
             rec, notes[c.id] = of_the_profile(c, rec, notes[c.id])
+            rec, notes[c.id] = of_the_kinds(job, c, rec, notes[c.id])
             rows.append((c, role, rec))
     evidence = [Evidence(c.id, role, r.outcome if r else Outcome.INTERRUPTED if c.id in stopped else MISSING,
                          "; ".join(x for x in (notes[c.id], _note(r)) if x))
@@ -208,6 +255,11 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     def complete(role):
         return all(r and r.outcome != Outcome.SKIPPED for _, ro, r in rows if ro == role)
 
+    unruled = unruled_kind(job, witness + fix, records)
+    if unruled:  # the job's own kinds: nothing can be predicted for them
+        out = v(NO_RULE, f"its recipe's amax kinds have no rule {unruled}")
+        out.kind_without_rule = unruled
+        return out
     bad = [e.cell_id for e in evidence if e.outcome == Outcome.UNEXPECTED_FAILURE]
     if bad:
         return v(UNEXPECTED, f"{len(bad)} evidence cell(s) failed unexpectedly: {', '.join(bad)}")
@@ -231,7 +283,11 @@ def judge(job: Job, witness: list[Cell], fix: list[Cell], records: Mapping[str, 
     reproduced = Outcome.BUG_REPRODUCED in w
     missing_fix = [e.cell_id for e in evidence
                    if e.role == Role.FIX and e.outcome in NOT_RUN]
-    caveat = (f"; NOT at {', '.join(refused)}: {SHAPE_REFUSAL_FINDING}" if refused else "")
+    # each known refusal's own finding (the static amax's global shape, megatron-core's MTP
+    # position embedding), as the judge wrote it
+    findings = sorted({r.reason for c, _, r in rows if r and r.outcome == Outcome.KNOWN_REFUSAL
+                       and c.load is not None and r.reason}) or [SHAPE_REFUSAL_FINDING]
+    caveat = (f"; NOT at {', '.join(refused)}: {'; '.join(findings)}" if refused else "")
     if w and complete(Role.WITNESS) and all(o in (Outcome.PASS, Outcome.UNEXPECTED_PASS, Outcome.KNOWN_REFUSAL)
                                             for o in w) and set(w) != {Outcome.KNOWN_REFUSAL}:
         how = ("the bug no longer reproduces (this version was expected to fail)"

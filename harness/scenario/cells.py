@@ -137,6 +137,7 @@ class Cell:
             known_gaps=known_gaps(s),
             families=model_families(s.size.moe_shared_expert_intermediate_size is not None),
             fix_parts=s.fix_parts,
+            mtp_num_layers=s.size.mtp_num_layers, position_embedding=s.size.position_embedding,
         )
 
     @property

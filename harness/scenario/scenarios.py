@@ -137,8 +137,6 @@ def _check(doc: _ScenarioSchema, golden_dir: Path) -> tuple[ModelSize, dict]:
                      "schedule, which allocates its receive buffers on CUDA: tiers gpu-shared "
                      "and gpu only"
                      for key, t in saved if t.pp > 1]
-        if size.mtp_num_layers:
-            problems += _mtp_off_cuda(topos, pairs)
     if problems:
         raise _Problems("; ".join(problems))
     return size, topos
@@ -178,16 +176,6 @@ def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]],
     return [f"{key}: {t.id}: recipe {recipe.label} calibrates static NVFP4 experts, which "
             f"nvidia-modelopt refuses at expert TP > 1 ({refusal}); save at etp1"
             for key, t in saved if refusal and t.etp > 1]
-
-
-def _mtp_off_cuda(topos: dict, pairs: list) -> list[str]:
-    """MTP at pp > 1 off CUDA: the last stage's copy of the embedding is synced with the first
-    stage's through ``weight.data.cuda()`` (megatron-core 0.19.2
-    models/common/language_module/language_module.py:304-308)."""
-    every = [(f"{k}[{i}]", t) for k in ("saves", "loads") for i, t in enumerate(topos[k])]
-    every += [(f"pairs[{i}][{j}]", t) for i, p in enumerate(pairs) for j, t in enumerate(p)]
-    return [f"{key}: {t.id}: model.mtp_num_layers at pp > 1 copies the embedding to the MTP "
-            "stage on CUDA: tiers gpu-shared and gpu only" for key, t in every if t.pp > 1]
 
 
 def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:

@@ -16,7 +16,8 @@ from harness.check.logits import LOGITS_REFERENCES
 from harness.fix import PARTS
 from harness.model.checkpoint import DEFAULT_STRICTNESS
 from harness.model.gpt import ModelSize
-from harness.model.modules import HYBRID_PATTERN_RE, HYBRID_PATTERN_RULE, KINDS, SCORE_FUNCTIONS
+from harness.model.modules import (HYBRID_PATTERN_RE, HYBRID_PATTERN_RULE, KINDS, POSITION_EMBEDDINGS,
+                                   SCORE_FUNCTIONS)
 from harness.model.recipes import DEFAULT_RECIPE
 from harness.records import EXPECT_MODES, PATCHES, ExpectMode, Patch
 from harness.tiers import BACKENDS, TIERS
@@ -70,6 +71,7 @@ _MODULE_TYPES = {
     "hybrid_layer_pattern": Annotated[str, Field(pattern=HYBRID_PATTERN_RE)],
     "moe_router_score_function": Literal[SCORE_FUNCTIONS],
     "moe_router_enable_expert_bias": bool,
+    "position_embedding_type": Literal[POSITION_EMBEDDINGS],
 }
 _SizeSchema = create_model(
     "_SizeSchema", __base__=_Schema,

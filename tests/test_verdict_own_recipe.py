@@ -1,0 +1,69 @@
+"""A job owner's own recipe file (issue 52 item 7): ``verdict --quarantine FILE`` with a job whose
+recipe is ``file:...`` decides from the amax kinds the file makes, like any shipped recipe.
+
+The job here is the shipped Ultra job (scenarios/quarantine.toml: its shapes, reload grid and
+scenarios) with its recipe replaced by a file in the repository. The committed records of its
+scenarios ran the shipped Ultra recipe, whose routed experts are static NVFP4 (kind
+``static-block``); a file that makes the same kinds must get the shipped job's decision, and a
+file whose kind no pair has a rule for (INT8 per channel) must be RULE UNKNOWN naming the kind
+(harness/check/versions.py has rules for ``scalar`` and ``static-block`` only). Expectations come
+from the shipped job's own verdict and the rules' table, not from the file job's output.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+
+import pytest
+
+from harness.paths import QUARANTINE_FILE, REPO_ROOT
+from tests.helpers import bounded
+
+pytestmark = pytest.mark.cpu
+
+ULTRA = "ultra-550b-a55b-nvfp4-ptq"
+SAME_KINDS = "file:tests/data/recipes/nvfp4_static_experts.yaml"  # static NVFP4 experts only
+NO_RULE_KIND = "file:tests/data/recipes/int8_per_channel_experts.yaml"  # INT8, axis 0
+
+
+def _own_job(tmp_path, recipe: str):
+    """scenarios/quarantine.toml's Ultra job, alone, as ``mine`` quantizing with ``recipe``."""
+    text = QUARANTINE_FILE.read_text()
+    block = text[text.index(f'[[jobs]]\nid = "{ULTRA}"'):]
+    shipped = tomllib.loads(block)["jobs"][0]["profile"]["recipe"]
+    path = tmp_path / "mine.toml"
+    path.write_text(block.replace(f'id = "{ULTRA}"', 'id = "mine"').replace(shipped, recipe))
+    return path
+
+
+def _gate(*args) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("HARNESS_QUARANTINE", None)
+    done = bounded([sys.executable, "-m", "harness", "verdict", "--gate", *args], 600,
+                   cwd=REPO_ROOT, env=env)
+    assert not done.timed_out
+    last = [line for line in done.stdout.splitlines() if line.startswith("gate ")]
+    assert last, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    return done.returncode, last[-1]
+
+
+def _word(line: str) -> str:
+    """``gate JOB: WORD -> exit N: ...`` -> WORD."""
+    return line.split(": ", 1)[1].split(" -> ", 1)[0]
+
+
+@pytest.mark.parametrize("flags", [("--modelopt", "0.48.0rc1"), ("--modelopt", "0.47.0")])
+def test_a_recipe_file_with_the_shipped_kinds_gets_the_shipped_jobs_decision(tmp_path, flags):
+    quarantine = _own_job(tmp_path, SAME_KINDS)
+    shipped_code, shipped = _gate("--job", ULTRA, *flags)
+    code, mine = _gate("--quarantine", str(quarantine), "--job", "mine", *flags)
+    assert _word(shipped) in ("SAFE", "SAFE WITH PATCH", "BLOCKED"), shipped  # it decides
+    assert (code, _word(mine)) == (shipped_code, _word(shipped)), (mine, shipped)
+
+
+def test_a_recipe_file_whose_kind_has_no_rule_is_rule_unknown_naming_the_kind(tmp_path):
+    quarantine = _own_job(tmp_path, NO_RULE_KIND)
+    code, line = _gate("--quarantine", str(quarantine), "--job", "mine", "--modelopt", "0.48.0rc1")
+    assert code == 4 and _word(line) == "RULE UNKNOWN", line
+    assert "no rule for amax kind 'per-channel' of the experts" in line and NO_RULE_KIND in line, line
