@@ -31,7 +31,7 @@ VIRTUAL_ENV="$PWD/$VENV" "$VENV/bin/uv" pip sync --quiet --require-hashes --pyth
 # such switch). --no-deps: its dependencies are in cpu.lock. The lock holds its files' hashes.
 "${PIP[@]}" install --no-compile --no-deps --ignore-requires-python --require-hashes -r requirements/megatron-core.lock
 # Bytecode on every core: pip or uv would compile file by file on one (47 s -> 36 s for
-# requirements/cpu.txt, now cpu.lock, docs/benchmarks.md). Test suites inside the packages (tests/,
+# the cpu requirements, docs/benchmarks.md). Test suites inside the packages (tests/,
 # torch/testing/_internal) are never imported by the harness: 2-3 s less. Files from other
 # Python versions' syntax are not an error.
 "$VENV/bin/python" -m compileall -q -j 0 -x 'site-packages/.*/(tests?|testing/_internal)/' \
