@@ -22,6 +22,7 @@ LOCKS = {
     "cpu.lock": ["cpu.in", "test.txt"],
     "megatron-core.lock": ["megatron-core.txt"],
     "installer.lock": ["installer.txt"],
+    "lint.lock": ["lint.txt"],
 }
 
 
@@ -103,8 +104,19 @@ def test_the_bootstrap_installs_only_lock_files_with_hashes():
     text = BOOTSTRAP.read_text()
     code = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
     installed = re.findall(r"requirements/[\w.-]+", code)
-    assert sorted(set(installed)) == sorted(f"requirements/{l}" for l in LOCKS), installed
-    assert "pip sync --quiet --require-hashes" in code
+    assert sorted(set(installed)) == sorted(f"requirements/{l}" for l in LOCKS if l != "lint.lock"), installed
+    assert "uv\" pip install --quiet --require-hashes" in code
     assert code.count("--require-hashes") == 3
     assert "--no-deps --ignore-requires-python --require-hashes -r requirements/megatron-core.lock" in code
     assert ">=" not in "".join((REQ / l).read_text() for l in LOCKS)
+
+
+def test_the_lint_tools_share_the_cpu_locks_versions_and_install_from_their_lock():
+    """tools/lint-install.sh puts requirements/lint.lock into the bootstrap's .venv: a package both
+    locks hold must have one version, or each install would undo the other's."""
+    cpu, lint = entries(REQ / "cpu.lock"), entries(REQ / "lint.lock")
+    shared = sorted(set(cpu) & set(lint))
+    assert shared  # requests, certifi, click, ...
+    assert [cpu[n][0] for n in shared] == [lint[n][0] for n in shared]
+    code = (ROOT / "tools" / "lint-install.sh").read_text()
+    assert "install --no-deps --require-hashes" in code and "-r requirements/lint.lock" in code

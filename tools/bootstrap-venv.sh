@@ -23,10 +23,11 @@ links=()
 for dir in ${PIP_FIND_LINKS:-$("${PIP[@]}" config get global.find-links 2>/dev/null || true)}; do
   links+=(--find-links "$dir")
 done
-# sync, not install: the venv ends up holding exactly the lock (a package a new lock dropped goes;
-# uv keeps pip and itself). It removes megatron-core too, which pip puts back next.
-VIRTUAL_ENV="$PWD/$VENV" "$VENV/bin/uv" pip sync --quiet --require-hashes --python "$VENV/bin/python" \
-  "${links[@]}" requirements/cpu.lock
+# Every package of the lock at the lock's version. install, not `uv pip sync`: sync would also
+# remove what is not in the lock, i.e. the lint tools tools/lint-install.sh puts into the same
+# .venv on demand (.ci/run installs them before `make test` bootstraps) and megatron-core.
+VIRTUAL_ENV="$PWD/$VENV" "$VENV/bin/uv" pip install --quiet --require-hashes --python "$VENV/bin/python" \
+  "${links[@]}" -r requirements/cpu.lock
 # megatron-core declares Python>=3.12: pip --ignore-requires-python takes its cp311 wheel (uv has no
 # such switch). --no-deps: its dependencies are in cpu.lock. The lock holds its files' hashes.
 "${PIP[@]}" install --no-compile --no-deps --ignore-requires-python --require-hashes -r requirements/megatron-core.lock

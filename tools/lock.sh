@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `make lock`: regenerate the lock files tools/bootstrap-venv.sh installs, from their inputs.
-#   requirements/cpu.in (+ test.txt)   -> requirements/cpu.lock           (uv pip sync)
+#   requirements/cpu.in (+ test.txt)   -> requirements/cpu.lock           (uv pip install)
 #   requirements/megatron-core.txt     -> requirements/megatron-core.lock  (pip --no-deps)
 #   requirements/installer.txt         -> requirements/installer.lock      (pip, uv itself)
+#   requirements/lint.txt              -> requirements/lint.lock           (pip, tools/lint-install.sh;
+#                                         constrained to cpu.lock's versions: both go into .venv)
 # Every line of a lock is name==version with the sha256 of each file the index has for it (and
 # of the local CPU torch wheel). uv keeps the versions an existing lock already has unless
 # UPGRADE=1 (`make lock UPGRADE=1`) or an input asks for another; commit inputs and locks together.
@@ -48,3 +50,4 @@ compile requirements/cpu.lock 3.11 requirements/cpu.in requirements/test.txt
 # the cp311 wheel pip installs among them), so resolve it alone, for 3.12, without dependencies.
 compile requirements/megatron-core.lock 3.12 requirements/megatron-core.txt -- --no-deps
 compile requirements/installer.lock 3.11 requirements/installer.txt -- --no-deps
+compile requirements/lint.lock 3.11 requirements/lint.txt -- --constraint requirements/cpu.lock
