@@ -13,7 +13,7 @@ RESULTS ?= results
 help:             ## this list
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
-.PHONY: help repro test test-slow test-all test-gpu witness verdict gate report map matrix bench lint docker-build docker-repro clean fix-wheel
+.PHONY: help repro test test-slow test-all test-gpu witness verdict gate report map matrix bench lint docker-build docker-repro clean fix-wheel lock
 
 repro:            ## the main job: reproduce the bug, check the fix, on the best tier here
 	$(PY) -m harness --results-root $(RESULTS) repro
@@ -53,6 +53,9 @@ map:              ## collision map of every topology up to 8 ranks
 bench:            ## per-stage durations of one cpu cell and the CI suite; signal -> exit seconds
 	$(PY) bench/stages.py
 	$(PY) bench/interrupts.py
+
+lock:             ## requirements/*.lock from their inputs (cpu.in, megatron-core.txt, installer.txt); UPGRADE=1: newest versions (code: bash tools/lock.sh)
+	UPGRADE="$(UPGRADE)" bash tools/lock.sh
 
 lint:             ## CI file against GitLab's schema, Dockerfile lint
 	bash tools/validate-gitlab-ci.sh

@@ -2,7 +2,8 @@
 
 No docker engine is needed: a tiny instruction parser reads the file. The image's
 megatron-core and nvidia-modelopt pins must equal requirements/megatron-core.txt and
-requirements/cpu.txt, so the GPU image never tests a different stack than the CPU tier.
+requirements/cpu.in (and their locks), so the GPU image never tests a different stack than the CPU
+tier.
 """
 from __future__ import annotations
 
@@ -105,7 +106,9 @@ def test_base_is_a_concrete_ngc_pytorch_tag(parsed, args):
 
 def test_pins_match_requirements(args):
     assert args["MEGATRON_CORE_VERSION"] == pin(ROOT / "requirements/megatron-core.txt", "megatron-core")
-    assert args["MODELOPT_VERSION"] == pin(ROOT / "requirements/cpu.txt", "nvidia-modelopt")
+    assert args["MEGATRON_CORE_VERSION"] == pin(ROOT / "requirements/megatron-core.lock", "megatron-core")
+    assert args["MODELOPT_VERSION"] == pin(ROOT / "requirements/cpu.in", "nvidia-modelopt")
+    assert args["MODELOPT_VERSION"] == pin(ROOT / "requirements/cpu.lock", "nvidia-modelopt")
     assert "MODELOPT_GIT_REF" in args  # an upstream fix can be tested before its release
 
 
@@ -129,7 +132,7 @@ def test_installs_the_pinned_test_runner(parsed):
     pins = {line.split("==")[0] for line in (ROOT / "requirements/test.txt").read_text().splitlines()
             if "==" in line and not line.startswith("#")}
     assert pins == {"pytest", "pytest-xdist", "pytest-timeout"}
-    assert "-r test.txt" in (ROOT / "requirements/cpu.txt").read_text()
+    assert "-r test.txt" in (ROOT / "requirements/cpu.in").read_text()
 
 
 def test_installs_pins_and_harness(parsed):
@@ -151,7 +154,7 @@ def test_nccl_and_harness_env(env):
 def test_gitlab_ci_modelopt_pin_matches():
     ci = (ROOT / ".gitlab-ci.yml").read_text()
     m = re.search(r'^\s+MODELOPT_VERSION:\s*"?([^"\s]+)"?', ci, re.M)
-    assert m and m.group(1) == pin(ROOT / "requirements/cpu.txt", "nvidia-modelopt")
+    assert m and m.group(1) == pin(ROOT / "requirements/cpu.in", "nvidia-modelopt")
 
 
 def test_gpu_wheelhouse_pins_agree_when_present(args):

@@ -5,9 +5,10 @@
 # CPU machines (default, MATRIX_ENV_MODE=layer): .venv-modelopt-<V> is a thin venv LAYERED on
 # .venv: it sees .venv's site-packages (torch CPU, megatron-core, ...) through a .pth file and
 # holds only nvidia-modelopt==<V> (--no-deps) in its own site-packages, which comes first on
-# sys.path. Why: requirements/cpu.txt differs between versions only in the modelopt pin, and a
+# sys.path. Why: requirements/cpu.in differs between versions only in the modelopt pin, and a
 # full install re-resolves a multi-GB stack; the layer takes seconds. MATRIX_ENV_MODE=full
-# builds a standalone venv from requirements/ with the pin replaced instead (minutes).
+# builds a standalone venv from requirements/cpu.in with the pin replaced instead (minutes; pip
+# resolves that version's dependencies afresh: cpu.lock holds 0.47.0's).
 #   Local wheels: a wheel in .whl-<V> (e.g. `pip download --no-deps nvidia-modelopt==0.46.1
 #   -d .whl-046`) is used offline; name the dir in MATRIX_WHEEL_DIR, or it tries .whl-<digits>.
 # GPU hosts with the stack on the system python / PYTHONPATH and no registry (the lent H200:
@@ -70,7 +71,7 @@ else
   ENV=".venv-modelopt-$V"
 fi
 STAMP="$ENV/.matrix-stamp"
-want="$MODE $ARG mc=$MC $(cat requirements/cpu.txt requirements/megatron-core.txt | sha256sum | cut -d' ' -f1)"
+want="$MODE $ARG mc=$MC $(cat requirements/cpu.lock requirements/megatron-core.lock | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then echo "$PWD/$ENV/bin/python"; exit 0; fi
 rm -rf "$ENV"
 if [ "$MODE" = system ]; then
@@ -115,12 +116,12 @@ elif [ "$MODE" = layer ]; then
   fi
 else
   timeout "$T" "$basepy" -m venv "$ENV"
-  sed "s/^nvidia-modelopt==.*/$src/" requirements/cpu.txt > "$ENV/requirements.txt"
+  sed "s/^nvidia-modelopt==.*/$src/; s|^-r test.txt|-r $PWD/requirements/test.txt|" requirements/cpu.in > "$ENV/requirements.txt"
   timeout "$T" "$ENV/bin/python" -m pip --disable-pip-version-check -q install \
     "${find_links[@]}" -r "$ENV/requirements.txt" >&2
   timeout "$T" "$ENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
     --ignore-requires-python "${mc_links[@]}" ${MC:+"megatron-core==$MC"} \
-    $([ -z "$MC" ] && echo "-r requirements/megatron-core.txt") >&2
+    $([ -z "$MC" ] && echo "-r requirements/megatron-core.lock --require-hashes") >&2
 fi
 got=$("$ENV/bin/python" -c 'import modelopt; print(modelopt.__version__)' 2>/dev/null | tail -1)
 case "$ARG" in
