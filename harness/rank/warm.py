@@ -94,6 +94,9 @@ def rank_entry(rank_module: str, rank_args: list[str]) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):  # not the agent's handlers:
         signal.signal(sig, signal.SIG_DFL)  # a SIGTERM ends a fresh rank (after its stack dump)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and "torch" in sys.modules:  # torch read it when the parent imported it:
+        sys.modules["torch"].set_num_threads(int(threads))  # as a fresh rank's import would
     guard.RETURN_ON_SUCCESS = True
     sys.argv = [rank_module, *rank_args]
     try:
@@ -167,6 +170,8 @@ def launch(job: dict) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     stage_dir = Path(job["stage_dir"])
+    if "OMP_NUM_THREADS" not in os.environ and int(job["nproc"]) > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"  # what torchrun's own run.py sets (config_from_args)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=int(job["nproc"]), run_id=uuid.uuid4().hex,
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
