@@ -40,9 +40,9 @@ class TierFacts:
     # floor is measured), Transformer Engine. Off CUDA the forward is fp32 and TE must be absent.
     cuda: bool
     gpu_per_rank: bool  # NCCL: one GPU per rank; else the ranks share the GPUs there are
-    # The default stage mode (HARNESS_STAGE_MODE overrides): the pool where it was shown to give
-    # the fresh mode's results cell for cell (docs/benchmarks.md, "Stage startup"); tier gpu
-    # keeps the reference until it is shown there.
+    # The default stage mode (HARNESS_STAGE_MODE overrides): one shown to give the fresh mode's
+    # results cell for cell there (docs/benchmarks.md, "Stage startup"): fork on cpu (issue 55),
+    # the pool on gpu-shared; tier gpu keeps the reference until it is shown there.
     stage_mode: StageMode
     # Asserted: loaded model vs the saved state written into a model at the load topology.
     logits_tolerance: float = 0.0
@@ -61,7 +61,7 @@ class TierFacts:
 _NO_CUDA_INIT = ("torch", "transformer_engine.pytorch", "megatron.core")
 TABLE = {
     Tier.CPU: TierFacts(Backend.LOCAL, "gloo", cuda=False, gpu_per_rank=False,
-                        stage_mode=StageMode.POOL),
+                        stage_mode=StageMode.FORK),
     Tier.GPU_SHARED: TierFacts(Backend.TE, "gloo", cuda=True, gpu_per_rank=False,
                                stage_mode=StageMode.POOL, fork_preload=_NO_CUDA_INIT),
     Tier.GPU: TierFacts(Backend.TE, "nccl", cuda=True, gpu_per_rank=True,

@@ -192,3 +192,40 @@ def test_the_final_kill_is_quick_once_a_primary_error_is_on_file(tmp_path):
         {"rank": 2, "exc_type": "RuntimeError", "message": "injected failure at before_save"}))
     assert torchrun.term_grace_s(tmp_path) == torchrun.CAUSE_KNOWN_TERM_GRACE_S
     assert torchrun.CAUSE_KNOWN_TERM_GRACE_S < torchrun.TERM_GRACE_S
+
+
+CONTROLLER = """
+import sys
+from pathlib import Path
+from harness.launch.warm import WarmParents, parent_key
+root = Path(sys.argv[1])
+parents = WarmParents()
+parents.run(parent_key("cpu", "none", "local", root), "save", root / "save", 2, [], 300,
+            {"HARNESS_INJECT": "hang:*:before_save"}, rank_module="tests.rank_programs.collectives",
+            pg_timeout_s=300)
+"""
+
+
+def test_a_killed_controller_takes_its_warm_parent_and_stages_with_it(tmp_path):
+    """SIGKILL leaves the controller no teardown: the warm parent notices its owner is gone
+    (harness/rank/warm.py, once a second) and kills the running stage agent's session, then
+    leaves; nothing of it outlives the controller by more than a few seconds."""
+    import signal
+    import sys
+
+    from harness.launch import bounded as bounded_process
+    from harness.paths import REPO_ROOT
+    from tests.helpers import wait_for
+
+    proc = bounded_process.start([sys.executable, "-c", CONTROLLER, str(tmp_path)], cwd=REPO_ROOT)
+    try:
+        ranks = tmp_path / "save" / "stacks"
+        assert wait_for(lambda: len(list(ranks.glob("rank*.txt"))) == 2, 120), "the stage never started"
+        (parent_dir,) = (tmp_path / "pools").iterdir()
+        assert len(pool_processes(parent_dir)) == 4  # the parent, the agent, two ranks
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert wait_for(lambda: pool_processes(parent_dir) == [], 10), \
+            [p.pid for p in pool_processes(parent_dir)]
+    finally:
+        bounded_process.kill_group(proc)

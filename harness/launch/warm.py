@@ -30,6 +30,7 @@ import psutil
 
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.command import make_stage_dirs, new_stage_token, stage_env
+from harness.launch.nodes import rendezvous_port
 from harness.launch.pool import STOP_WAIT_S, PoolKey, pool_processes
 from harness.launch.signals import shutdown_signal
 from harness.launch.teardown import POLL_S, end_session, kill_and_wait
@@ -157,7 +158,8 @@ class WarmParent:
             self.stages += 1
             write_json_atomic(self.dir / "jobs" / f"{seq}.json", {
                 "seq": seq, "stage": stage, "stage_dir": str(stage_dir), "nproc": nproc,
-                "rank_module": rank_module, "rank_args": list(rank_args), "env": job_env})
+                "rank_module": rank_module, "rank_args": list(rank_args), "env": job_env,
+                "rdzv_endpoint": f"localhost:{rendezvous_port()}"})
         agent = ForkedAgent(self, seq, stage_dir)
         try:
             return supervise(stage, stage_dir, agent, t0, timeout_s, grace_s, world=nproc, token=token)

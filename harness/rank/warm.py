@@ -11,7 +11,7 @@ so the controller (harness/launch/warm.py) watches and tears it down exactly lik
 a stage's failure never reaches this process, which serves the next stage.
 
 Files under <dir>: the controller writes ``jobs/<seq>.json`` ({seq, stage, stage_dir, nproc,
-rank_module, rank_args, env}, or {seq, stop}); this process writes ``ready.json`` after its
+rank_module, rank_args, env, rdzv_endpoint}, or {seq, stop}); this process writes ``ready.json`` after its
 preload, ``started/<seq>.json`` ({pid} of the stage agent) and, once it reaped the agent,
 ``exit/<seq>.json`` ({returncode}, negative: the signal, as Popen). The agent's output (torch
 elastic's log, the failure table failures.py parses) goes to ``<stage_dir>/torchrun.log``.
@@ -161,8 +161,11 @@ def report_exits(stage_dir: Path) -> None:
 
 def launch(job: dict) -> int:
     """torch's elastic launcher, as torchrun's own ``run`` calls it: one node, the job's ranks
-    forked from this process, c10d rendezvous on a free port, no restart. On a failure it
-    prints torchrun's failure table (ChildFailedError), which failures.py reads."""
+    forked from this process, no restart. On a failure it prints torchrun's failure table
+    (ChildFailedError), which failures.py reads. Rendezvous: torch's static one on the port the
+    controller picked (``rdzv_endpoint``). Not c10d, torchrun's: its dynamic rendezvous records
+    each event with ``inspect.stack()``, whose module lookup walks sys.modules on every frame,
+    about 1 s per stage in this image of a few thousand modules (0.1 s in torchrun's small one)."""
     import uuid
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -174,7 +177,8 @@ def launch(job: dict) -> int:
         os.environ["OMP_NUM_THREADS"] = "1"  # what torchrun's own run.py sets (config_from_args)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=int(job["nproc"]), run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+        rdzv_backend="static", rdzv_endpoint=job["rdzv_endpoint"], rdzv_configs={"rank": 0},
+        max_restarts=0,
         monitor_interval=MONITOR_INTERVAL_S, start_method="fork",
         logs_specs=DefaultLogsSpecs(log_dir=str(stage_dir / "elastic")))
     try:
