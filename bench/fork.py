@@ -94,8 +94,8 @@ class Sampler:
         for role in ("launcher", "agent", "rank", "helper"):
             got = [v for v in self.peaks.values() if v["role"] == role]
             if got:
-                out[f"{role} peak RSS / USS / PSS MiB (max of {len(got)})"] = " / ".join(
-                    f"{max(v[k] for v in got) / MIB:.0f}" for k in ("rss", "uss", "pss"))
+                out[f"{role}: peak RSS / USS / PSS MiB, max over processes (how many)"] = " / ".join(
+                    f"{max(v[k] for v in got) / MIB:.0f}" for k in ("rss", "uss", "pss")) + f" ({len(got)})"
         ranks = [v for v in self.peaks.values() if v["role"] == "rank"]
         if ranks:
             out["ranks' peak RSS summed MiB"] = f"{sum(v['rss'] for v in ranks) / MIB:.0f}"

@@ -4,7 +4,7 @@ Why: a fresh torchrun spends most of a cpu-tier stage importing torch, megatron-
 ModelOpt. This process imports them once (the tier's ``fork_preload``: harness/tiers.py), stays
 single-threaded, and for each stage forks a *stage agent* that runs torch's own elastic
 launcher (``elastic_launch``, what torchrun runs) with ``start_method="fork"``: the ranks are
-forked from the warm image, under torch's agent, c10d rendezvous and per-rank error files, and
+forked from the warm image, under torch's agent, rendezvous and per-rank error files, and
 each runs ``python -m <rank_module> <args>`` as a fresh rank would (``runpy``), under
 rank/guard.py with the same files in its stage directory. The agent is a session of its own,
 so the controller (harness/launch/warm.py) watches and tears it down exactly like a torchrun;
