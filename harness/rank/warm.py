@@ -50,19 +50,23 @@ def preload(tier: str, patch: str) -> dict:
     from harness.rank.setup import import_stack
     from harness.tiers import facts
 
-    began, failed = time.time(), None
+    began, failed, refusal = time.time(), None, None
     modules = facts(tier).fork_preload
     try:
         if modules is None:
             import_stack(tier, patch)
         for name in modules or ():
             importlib.import_module(name)
+            if refusal := fork_refusal():  # the module that made it so
+                refusal = f"after importing {name}: {refusal}"
+                break
     except Exception:  # noqa: BLE001 - the first stage's ranks import again
         failed = traceback.format_exc()
         print(f"[warm] preload failed; each stage's ranks import again:\n{failed}",
               file=sys.stderr, flush=True)
     return {"pid": os.getpid(), "preload_s": round(time.time() - began, 3),
-            "preload_failed": failed, "refuses_fork": fork_refusal(), "threads": native_threads()}
+            "preload_failed": failed, "refuses_fork": refusal or fork_refusal(),
+            "threads": native_threads()}
 
 
 def fork_refusal() -> str | None:
