@@ -110,7 +110,6 @@ class WarmParent:
         self.started_at: float | None = None
         self._seq = 0
         self._lock = threading.Lock()
-        self.stages = 0
 
     def start(self) -> "WarmParent":
         for sub in ("jobs", "started", "exit"):
@@ -155,7 +154,6 @@ class WarmParent:
         with self._lock:
             self._seq += 1
             seq = self._seq
-            self.stages += 1
             write_json_atomic(self.dir / "jobs" / f"{seq}.json", {
                 "seq": seq, "stage": stage, "stage_dir": str(stage_dir), "nproc": nproc,
                 "rank_module": rank_module, "rank_args": list(rank_args), "env": job_env,
