@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.launch import bounded  # noqa: E402
 from harness.records import Outcome  # noqa: E402
 from harness.scenario.selections import bench_choice  # noqa: E402
-from harness.tiers import STAGE_MODES as MODES  # noqa: E402
+
+MODES = ("fresh", "pool")  # fork mode too: bench/fork.py
 
 
 def cells(scenario: str, n: int) -> list:

@@ -19,6 +19,9 @@ highest rank): an NCCL hang run lasts about 90 s (the 10 s group timeout, then t
 flight-recorder dump before its abort), so a short lease runs only the case in question. A
 SIGTERM (``timeout``) tears the running stage down before the bench exits: ranks live in
 sessions of their own and outlived a killed bench on the H100 (14 left, 2026-12-06).
+``--fork``: guarded ranks in a fresh torchrun against guarded ranks forked from one warm
+parent by torch's elastic launcher (stage mode fork, harness/launch/warm.py), whose processes
+besides the parent count as orphans after each run.
 Figures only, no timed asserts.
 """
 from __future__ import annotations
@@ -48,13 +51,15 @@ def nccl_shared_env() -> dict:
 
 
 def one(tmp: Path, kind: str, k: int, nproc: int, guard: bool, pg_timeout: float,
-        env: dict | None = None, stage_timeout: float = 120.0) -> tuple[float | None, bool, bool, str]:
-    """(teardown seconds, attributed right, leftovers, what was named) for one injected run."""
+        env: dict | None = None, stage_timeout: float = 120.0,
+        start=run_stage) -> tuple[float | None, bool, bool, str]:
+    """(teardown seconds, attributed right, leftovers, what was named) for one injected run;
+    ``start``: run_stage, or a warm parent's (``forked``)."""
     env = {**(env or {}), "HARNESS_INJECT": f"{kind}:{k}:before_save"}
     if env.get("HARNESS_COLLECTIVES_BACKEND") == "nccl":  # the flight-recorder dumps stay with the run
         env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(Path(tmp).resolve() / "nccl_trace_rank_")
-    r = run_stage("bench", tmp, nproc, [] if guard else ["--no-guard"], stage_timeout, env=env,
-                  rank_module=PROGRAM, pg_timeout_s=pg_timeout)
+    r = start("bench", tmp, nproc, [] if guard else ["--no-guard"], stage_timeout, env=env,
+              rank_module=PROGRAM, pg_timeout_s=pg_timeout)
     write_json_atomic(Path(tmp) / "stage.json", r.result().to_json())  # kept with a missed run
     if guard:
         right = r.cause is not None and r.cause.rank == k
@@ -67,6 +72,22 @@ def one(tmp: Path, kind: str, k: int, nproc: int, guard: bool, pg_timeout: float
     # plain: no error files; first failure is the first rank death the controller saw
     named = f"torchrun root cause rank {m.group(1)}" if m else "torchrun root cause: none printed"
     return r.teardown_s, right, bool(r.leftovers), named
+
+
+def forked(root: Path):
+    """run_stage's stand-in for fork mode: one warm parent for every run, and a run's leftovers
+    also any process of that parent's but the parent itself."""
+    from harness.launch.pool import pool_processes
+    from harness.launch.warm import WARM, parent_key
+
+    key = parent_key("cpu", "none", "local", root)
+
+    def start(*args, **kw):
+        r = WARM.run(key, *args, **kw)
+        parent = WARM.get(key)
+        r.leftovers += [p.pid for p in pool_processes(parent.dir) if p.pid != parent.proc.pid]
+        return r
+    return start
 
 
 def named_guard(r) -> str:
@@ -131,6 +152,8 @@ def main() -> None:
     ap.add_argument("--compare-term-grace", action="store_true",
                     help="modes: the final kill's SIGTERM grace before and since a known cause "
                          "shortens it, instead of guard and plain")
+    ap.add_argument("--fork", action="store_true",
+                    help="modes: guarded ranks in a fresh torchrun and forked from a warm parent")
     ap.add_argument("--keep-missed", type=Path, metavar="DIR",
                     help="copy the stage directory of each run whose cause was not named right "
                          "to DIR/<kind>-<mode>-<i>/")
@@ -143,25 +166,28 @@ def main() -> None:
     env = nccl_shared_env() if a.nccl_shared_gpu else None
     if a.deaf_peers:
         env = {**(env or {}), "HARNESS_DEAF_PEERS": "1"}
-    # (mode, guarded, the final kill's grace once a cause is known); the ratio is second/first
-    modes = ([(f"term{torchrun.CAUSE_KNOWN_TERM_GRACE_S:g}", True, torchrun.CAUSE_KNOWN_TERM_GRACE_S),
-              (f"term{torchrun.TERM_GRACE_S:g}", True, torchrun.TERM_GRACE_S)]
+    # (mode, guarded, the final kill's grace once a cause is known, fork); the ratio is second/first
+    known = torchrun.CAUSE_KNOWN_TERM_GRACE_S
+    modes = ([(f"term{known:g}", True, known, False),
+              (f"term{torchrun.TERM_GRACE_S:g}", True, torchrun.TERM_GRACE_S, False)]
              if a.compare_term_grace else
-             [("guard", True, torchrun.CAUSE_KNOWN_TERM_GRACE_S), ("plain", False, torchrun.CAUSE_KNOWN_TERM_GRACE_S)])
+             [("guard", True, known, False), ("fork", True, known, True)] if a.fork else
+             [("guard", True, known, False), ("plain", False, known, False)])
     print(f"backend: {'nccl, ' + str(a.nproc) + ' ranks on one GPU' if a.nccl_shared_gpu else 'gloo'}"
           + (", peers deaf to SIGTERM" if a.deaf_peers else ""))
     rows = []
     header = f"{'kind':9} {'mode':7} {'n':>3} {'median s':>9} {'max s':>7} {'right':>6} {'orphans':>7}"
     print(header, flush=True)  # each row as it is done: a bound that cuts the bench keeps them
     with tempfile.TemporaryDirectory() as td:
+        fork_start = forked(Path(td)) if a.fork else None
         for kind in a.kinds.split(","):
-            for mode, guard, grace in modes:
+            for mode, guard, grace, fork in modes:
                 torchrun.CAUSE_KNOWN_TERM_GRACE_S = grace
                 lat, right, orphans = [], 0, 0
                 for i, k in enumerate(ranks):
                     stage_dir = Path(td) / f"{kind}-{mode}-{i}"
                     t, ok, left, named = one(stage_dir, kind, k, a.nproc, guard, a.pg_timeout, env,
-                                             a.stage_timeout)
+                                             a.stage_timeout, fork_start if fork else run_stage)
                     print(run_line(kind, mode, i, k, named, t, ok), flush=True)
                     if not ok and a.keep_missed is not None:
                         if kept := keep_missed(stage_dir, a.keep_missed, kind, mode, i):
@@ -171,6 +197,10 @@ def main() -> None:
                     orphans += left
                 rows.append((kind, mode, lat, right, orphans))
                 print(_row(*rows[-1], a.count), flush=True)
+        if a.fork:  # before its directory goes
+            from harness.launch.warm import WARM
+
+            WARM.close_all()
     med = {(kind, mode): statistics.median(lat) if lat else float("nan")
            for kind, mode, lat, _, _ in rows}
     (first, *_), (second, *_) = modes

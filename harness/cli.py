@@ -161,8 +161,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--label", default="run", help="suffix of the results/<run-id> folder")
     r.add_argument("--stage-mode", choices=STAGE_MODES, default=None,
                    help="pool: warm rank pools reused by stages of one world size (default on "
-                        "tiers cpu and gpu-shared); fresh: one torchrun per stage (the reference, "
-                        "default on tier gpu). Also HARNESS_STAGE_MODE")
+                        "tier gpu-shared); fresh: one torchrun per stage (the reference, "
+                        "default on tier gpu); fork: each stage's ranks forked from a warm parent "
+                        "by torch's elastic launcher (default on tier cpu). Also HARNESS_STAGE_MODE")
     r.add_argument("--nccl-shared-gpu", action="store_true",
                    help="run GPU scenarios as tier gpu with NCCL ranks sharing the GPUs, each rank "
                         "its own NCCL host over loopback sockets (named in every record; cell ids "

@@ -266,8 +266,9 @@ class CellRecord:
                                          default=None)
     notice: str | None = described("why nothing is predicted: the pair, or the amax kind and module "
                                    "family with no rule", default=None)
-    stage_mode: str | None = described("`pool` (warm rank pools) or `fresh` (a torchrun per stage): "
-                                       "how its stages started; absent before 2026-12-03 11:00",
+    stage_mode: str | None = described("`pool` (warm rank pools), `fresh` (a torchrun per stage) or "
+                                       "`fork` (ranks forked from a warm parent by torch's elastic "
+                                       "launcher): how its stages started; absent before 2026-12-03 11:00",
                                        default=None)
     finding: str | None = described(
         "a finding about the product that is not the checkpoint's: the forward differs across "

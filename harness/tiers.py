@@ -28,6 +28,7 @@ class StageMode(StrEnum):
 
     FRESH = "fresh"  # a torchrun of its own (the reference)
     POOL = "pool"  # a job of a warm rank pool
+    FORK = "fork"  # ranks forked from a warm parent by torch's elastic launcher (issue 55)
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,9 @@ class TierFacts:
     # floor is measured), Transformer Engine. Off CUDA the forward is fp32 and TE must be absent.
     cuda: bool
     gpu_per_rank: bool  # NCCL: one GPU per rank; else the ranks share the GPUs there are
-    # The default stage mode (HARNESS_STAGE_MODE overrides): the pool where it was shown to give
-    # the fresh mode's results cell for cell (docs/benchmarks.md, "Stage startup"); tier gpu
-    # keeps the reference until it is shown there.
+    # The default stage mode (HARNESS_STAGE_MODE overrides): one shown to give the fresh mode's
+    # results cell for cell there (docs/benchmarks.md, "Stage startup"): fork on cpu (issue 55),
+    # the pool on gpu-shared; tier gpu keeps the reference until it is shown there.
     stage_mode: StageMode
     # Asserted: loaded model vs the saved state written into a model at the load topology.
     logits_tolerance: float = 0.0
@@ -50,15 +51,22 @@ class TierFacts:
     # NCCL peers sit in a collective that never errors (measured, NCCL ranks sharing one H100:
     # still alive after 3 s at world 2, 4 and 8, docs/runs/20261206-0532-device-session.md).
     teardown_grace_s: float = 3.0
+    # What a fork-mode warm parent (harness/rank/warm.py) imports before it forks ranks: None,
+    # the whole stack a stage imports (rank/setup.py import_stack, the fix applied first); else
+    # these modules only. A parent must not initialize CUDA: on the GPU host importing ModelOpt
+    # does (docs/benchmarks.md, "Imports, GPU"), torch, TE and megatron-core do not.
+    fork_preload: tuple[str, ...] | None = None
 
 
+_NO_CUDA_INIT = ("torch", "transformer_engine.pytorch", "megatron.core")
 TABLE = {
     Tier.CPU: TierFacts(Backend.LOCAL, "gloo", cuda=False, gpu_per_rank=False,
-                        stage_mode=StageMode.POOL),
+                        stage_mode=StageMode.FORK),
     Tier.GPU_SHARED: TierFacts(Backend.TE, "gloo", cuda=True, gpu_per_rank=False,
-                               stage_mode=StageMode.POOL),
+                               stage_mode=StageMode.POOL, fork_preload=_NO_CUDA_INIT),
     Tier.GPU: TierFacts(Backend.TE, "nccl", cuda=True, gpu_per_rank=True,
-                        stage_mode=StageMode.FRESH, teardown_grace_s=1.0),
+                        stage_mode=StageMode.FRESH, teardown_grace_s=1.0,
+                        fork_preload=_NO_CUDA_INIT),
 }
 TIERS = tuple(t.value for t in Tier)
 BACKENDS = tuple(b.value for b in Backend)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cpu
 
 def fake_one(right_for: set[int]):
     """A stand-in for B.one: leaves a stage directory as run_stage would, right iff k in right_for."""
-    def one(tmp: Path, kind, k, nproc, guard, pg_timeout, env=None, stage_timeout=120.0):
+    def one(tmp: Path, kind, k, nproc, guard, pg_timeout, env=None, stage_timeout=120.0, start=None):
         for sub in ("logs", "stacks", "errors"):
             (tmp / sub).mkdir(parents=True, exist_ok=True)
         (tmp / "torchrun.log").write_text("torchrun\n")

@@ -23,16 +23,21 @@ from tests.helpers import (CPU_SAVE_ONLY_CELL, TEARDOWN_LIMIT_S, bounded, interr
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("interrupts")]
 
 
-# SIGTERM (a CI cancel) in fresh mode here; SIGINT in pool mode in tests/test_pool.py; SIGINT in
-# fresh mode under -m slow (each case is one torchrun of the full stack).
-@pytest.mark.parametrize("sig, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
-                                       (signal.SIGTERM, 143)])
-def test_a_signal_tears_down_and_leaves_a_partial_results_file(tmp_path, sig, code):
+# SIGTERM (a CI cancel) in fresh mode and with ranks forked from a warm parent (fork) here;
+# SIGINT in pool mode in tests/test_pool.py; SIGINT in fresh and fork mode under -m slow (each
+# case is one torchrun, or one warm parent, of the full stack).
+@pytest.mark.parametrize("sig, code, mode", [
+    pytest.param(signal.SIGINT, 130, "fresh", marks=pytest.mark.slow),
+    pytest.param(signal.SIGINT, 130, "fork", marks=pytest.mark.slow),
+    (signal.SIGTERM, 143, "fresh"), (signal.SIGTERM, 143, "fork")])
+def test_a_signal_tears_down_and_leaves_a_partial_results_file(tmp_path, monkeypatch, sig, code, mode):
+    monkeypatch.setenv("HARNESS_STAGE_MODE", mode)
     # every rank hangs after building its model: only the signal can end this stage
     proc, out, gone_s = interrupt_a_hung_stage(tmp_path, sig)
     assert proc.returncode == code, out
     assert gone_s < TEARDOWN_LIMIT_S, f"{gone_s:.1f} s from {sig.name} to exit\n{out}"
-    assert stage_processes(tmp_path) == [], "ranks outlived the controller"
+    assert stage_processes(tmp_path) == [], "ranks (or a warm parent) outlived the controller"
+    assert bool(list(tmp_path.glob("*-interrupt/pools/fork-*/parent.log"))) == (mode == "fork")
     (results,) = tmp_path.glob("*-interrupt/results.json")
     doc = json.loads(results.read_text())
     assert doc["incomplete"] is True and doc["interrupted_by"] == sig.name

@@ -175,5 +175,5 @@ def test_an_unknown_stage_mode_is_one_line_before_any_stage(tmp_path, monkeypatc
     monkeypatch.setenv("HARNESS_STAGE_MODE", "bogus")
     rc = main(["--results-root", str(tmp_path), "run", "--scenario", "cpu-reshard"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err[-1] == "error: HARNESS_STAGE_MODE='bogus': want one of ('fresh', 'pool')", err
+    assert rc == 2 and err[-1] == "error: HARNESS_STAGE_MODE='bogus': want one of ('fresh', 'pool', 'fork')", err
     assert not list(tmp_path.iterdir()), "a run directory was made"

@@ -27,7 +27,8 @@ def test_repro_flow_prestarts_the_save_pool_that_serves_the_save_and_its_load(tm
     """make repro's GPU flow (run/repro.py), cpu-tier cells standing in for its GPU cells, against
     the fresh torchrun per stage: the smallest pool-mode equivalence (tests/test_pool.py has the
     4-cell one under -m slow) and the prestart in one run, so the fresh reference and the pool
-    are paid for once. Equal records; the pool started before the controller's checks serves
+    are paid for once (fork mode, issue 55, is compared against the same reference at the end).
+    Equal records; the pool started before the controller's checks serves
     the save and its load (one start for two stages, none in fresh mode), a variable the checks
     set (as a controller's CUDA init may) does not keep the stages off it; the preload is the
     save's first phase and the phases still add up to the stage wall; the load finds it warm."""
@@ -74,6 +75,17 @@ def test_repro_flow_prestarts_the_save_pool_that_serves_the_save_and_its_load(tm
     # the warm pool: no preload, and its start is a fraction of the cold one's (a ratio, not a
     # fixed number of seconds: these machines are noisy)
     assert "load.preload" not in load and load["load.start"] < 0.5 * d["save.preload"], load
+    assert pool_processes(tmp_path) == []
+
+    # fork mode (issue 55) against the same fresh reference: equal records, one warm parent
+    # for both stages (no torchrun), nothing of it left after the run
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "fork")
+    forked = run_cells(cells, tmp_path / "fork", "fork", jobs=1)
+    assert [c["stage_mode"] for c in forked["cells"]] == ["fork", "fork"]
+    assert differences(fresh, forked) == []
+    (fork_run,) = (tmp_path / "fork").iterdir()
+    assert len(list(fork_run.glob("pools/fork-*/parent.log"))) == 1
+    assert not list(fork_run.glob("pools/*/torchrun.log")), "fork mode started a torchrun pool"
     assert pool_processes(tmp_path) == []
 
 

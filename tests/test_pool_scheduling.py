@@ -147,10 +147,11 @@ def test_idle_shapes_name_the_live_idle_pools(tmp_path, fake_launch):
     pools.close_all()
 
 
-def test_the_default_stage_mode_is_the_pool_only_where_its_equivalence_was_shown(monkeypatch):
-    """cpu and gpu-shared: equivalence runs in docs/runs/README.md; tier gpu (NCCL): none yet."""
+def test_the_default_stage_mode_is_warm_only_where_its_equivalence_was_shown(monkeypatch):
+    """fork on cpu (docs/benchmarks.md, "Ranks forked from a warm parent"), the pool on
+    gpu-shared (docs/runs/README.md); tier gpu (NCCL): none yet."""
     monkeypatch.delenv("HARNESS_STAGE_MODE", raising=False)
-    assert [pool_mod.stage_mode(t) for t in ("cpu", "gpu-shared", "gpu")] == ["pool", "pool", "fresh"]
+    assert [pool_mod.stage_mode(t) for t in ("cpu", "gpu-shared", "gpu")] == ["fork", "pool", "fresh"]
     assert pool_mod.stage_mode() == "fresh"  # no tier named: the reference
     monkeypatch.setenv("HARNESS_STAGE_MODE", "fresh")
     assert {pool_mod.stage_mode(t) for t in ("cpu", "gpu-shared", "gpu")} == {"fresh"}
@@ -165,6 +166,6 @@ def test_the_record_says_how_its_stages_started(monkeypatch):
 
     monkeypatch.delenv("HARNESS_STAGE_MODE", raising=False)
     cell = select_cells([s for s in load_all() if s.name == "cpu-reshard"])[0]
-    assert new_record(cell).stage_mode == "pool"
+    assert new_record(cell).stage_mode == "fork"
     monkeypatch.setenv("HARNESS_STAGE_MODE", "fresh")
     assert new_record(cell).stage_mode == "fresh"

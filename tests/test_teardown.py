@@ -1,12 +1,17 @@
 """Real torchrun over gloo: each injected failure is attributed to the right rank and kind,
-the job is gone in bounded time, and no process is left behind."""
+the job is gone in bounded time, and no process is left behind. Each case runs in a fresh
+torchrun and (mode ``fork``) with ranks forked from a warm parent by torch's elastic launcher
+(harness/launch/warm.py): the same cause, and afterwards the stage agent and every rank are
+gone while the parent lives on and runs the next stage."""
 from __future__ import annotations
 
 import re
 
 import pytest
 
+from harness.launch.pool import pool_processes
 from harness.launch.torchrun import StageRun, run_stage
+from harness.launch.warm import WarmParents, parent_key
 
 pytestmark = pytest.mark.cpu
 
@@ -23,11 +28,42 @@ def pg_timeout_for(kind: str) -> float:
 FAST_TEARDOWN_S = 5.0
 
 
+MODES = ["fresh", "fork"]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """One warm parent for every fork-mode case of this file; nothing of it outlives the file."""
+    root = tmp_path_factory.mktemp("warm")
+    parents = WarmParents()
+    yield parents, parent_key("cpu", "none", "local", root)
+    parents.close_all()
+    assert [p.pid for p in pool_processes(root / "pools")] == [], "a warm parent's process was left"
+
+
+def stage(request, mode: str, name: str, stage_dir, nproc: int, timeout_s: float, env: dict,
+          pg_timeout_s: float) -> StageRun:
+    """``run_stage`` in ``mode``; fork mode also checks that the failure stayed in its stage."""
+    if mode == "fresh":
+        return run_stage(name, stage_dir, nproc, [], timeout_s, env=env, rank_module=PROGRAM,
+                         pg_timeout_s=pg_timeout_s)
+    parents, key = request.getfixturevalue("warm")
+    parent = parents.get(key)
+    r = parents.run(key, name, stage_dir, nproc, [], timeout_s, env, rank_module=PROGRAM,
+                    pg_timeout_s=pg_timeout_s)
+    if not r.ok:
+        survivors = [p.pid for p in pool_processes(parent.dir)]
+        assert parent.alive and survivors == [parent.proc.pid], (survivors, r.summary())
+        after = parents.run(key, "after", stage_dir.parent / "after", 2, [], 60, {},
+                            rank_module=PROGRAM, pg_timeout_s=pg_timeout_s)
+        assert after.ok and parents.get(key) is parent, after.summary()
+    return r
+
+
 def run(tmp_path, inject: str, nproc: int = 4, timeout_s: float = 90.0,
-        pg_timeout_s: float = PG_TIMEOUT_S) -> StageRun:
+        pg_timeout_s: float = PG_TIMEOUT_S, *, mode: str = "fresh", request=None) -> StageRun:
     env = {"HARNESS_INJECT": inject} if inject else {}
-    return run_stage("save", tmp_path / "save", nproc, [], timeout_s, env=env,
-                     rank_module=PROGRAM, pg_timeout_s=pg_timeout_s)
+    return stage(request, mode, "save", tmp_path / "save", nproc, timeout_s, env, pg_timeout_s)
 
 
 def injected_at(r: StageRun, rank: int) -> float:
@@ -47,8 +83,9 @@ def check(r: StageRun, kind: str, k: int, nproc: int) -> None:
     if kind == "raise":
         assert (c.rank, c.kind, c.exc_type) == (k, "exception", "RuntimeError"), info
         assert "injected failure" in c.message, info
-    elif kind == "sigkill":
-        assert (c.rank, c.kind, c.exc_type) == (k, "signal", "SIGKILL"), info
+    elif kind in ("sigkill", "abort"):
+        sig = {"sigkill": "SIGKILL", "abort": "SIGABRT"}[kind]
+        assert (c.rank, c.kind, c.exc_type) == (k, "signal", sig), info
     elif kind == "hang":
         assert (c.rank, c.kind) == (k, "hang"), info
         assert r.all_gone_at - injected_at(r, k) <= PG_TIMEOUT_S + 5.0, info
@@ -60,14 +97,15 @@ def check(r: StageRun, kind: str, k: int, nproc: int) -> None:
             assert c.exc_type in ("gloo::EnforceNotMet", "SIGABRT") or "size" in c.message, info
         else:
             assert (c.rank, c.kind) == (k, "exception") and "collective mismatch" in c.message, info
-    if kind in ("raise", "sigkill", "mismatch"):
+    if kind in ("raise", "sigkill", "abort", "mismatch"):
         assert r.teardown_s is not None and r.teardown_s <= FAST_TEARDOWN_S, info
     else:
         assert r.teardown_s is not None and r.teardown_s <= PG_TIMEOUT_S + 5.0, info
 
 
-def test_clean_run_has_every_rank_result(tmp_path):
-    r = run(tmp_path, "")
+@pytest.mark.parametrize("mode", MODES)
+def test_clean_run_has_every_rank_result(tmp_path, request, mode):
+    r = run(tmp_path, "", mode=mode, request=request)
     assert r.ok and r.cause is None and r.secondaries == [] and r.leftovers == [], r.summary()
     assert sorted(r.rank_results) == [0, 1, 2, 3]
     assert all(v["sum"] == 6.0 and v["world"] == 4 for v in r.rank_results.values())
@@ -79,15 +117,29 @@ def test_clean_run_has_every_rank_result(tmp_path):
 # every case on 4 ranks (and 8 in test_eight_ranks). A hang at rank 0 is slow-only.
 SLOW = pytest.mark.slow
 CASES = [(2, "raise", 1), (2, "raise", 0), (2, "sigkill", 1), (2, "sigkill", 0),
-         (4, "mismatch", 3), (4, "mismatch", 0), (2, "hang", 1),
+         (2, "abort", 1), (4, "mismatch", 3), (4, "mismatch", 0), (2, "hang", 1),
          *(pytest.param(4, kind, k, marks=SLOW) for kind, k in
            [("raise", 2), ("raise", 0), ("sigkill", 1), ("sigkill", 0), ("hang", 1), ("hang", 0)])]
 
 
-@pytest.mark.parametrize("nproc,kind,k", CASES)
-def test_injected_failure(tmp_path, nproc, kind, k):
+def in_both_modes(cases: list) -> list:
+    """Every case fresh and forked; a forked mismatch only under -m slow: what gloo does with an
+    odd-sized message does not depend on how the ranks started, and each costs up to the 15 s
+    group timeout."""
+    out = []
+    for c in cases:
+        values, marks = (c.values, list(c.marks)) if hasattr(c, "values") else (c, [])
+        for mode in MODES:
+            slow = [SLOW] if mode == "fork" and values[1] == "mismatch" else []
+            out.append(pytest.param(*values, mode, marks=marks + slow))
+    return out
+
+
+@pytest.mark.parametrize("nproc,kind,k,mode", in_both_modes(CASES))
+def test_injected_failure(tmp_path, request, nproc, kind, k, mode):
     point = "after_build" if k == 0 else "before_save"
-    r = run(tmp_path, f"{kind}:{k}:{point}", nproc=nproc, pg_timeout_s=pg_timeout_for(kind))
+    r = run(tmp_path, f"{kind}:{k}:{point}", nproc=nproc, pg_timeout_s=pg_timeout_for(kind),
+            mode=mode, request=request)
     check(r, kind, k, nproc)
     assert (r.stage_dir / "torchrun.log").exists()
     if kind == "raise":
@@ -103,10 +155,11 @@ def test_eight_ranks(tmp_path, kind, k):
     check(r, kind, k, 8)
 
 
-def test_stage_timeout_dumps_stacks_and_names_the_stuck_rank(tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_stage_timeout_dumps_stacks_and_names_the_stuck_rank(tmp_path, request, mode):
     # 20 s: both ranks must be past start-up (imports) when it fires, on a loaded machine too
-    r = run_stage("load", tmp_path / "load", 2, [], 20.0, env={"HARNESS_INJECT": "hang:1:before_save"},
-                  rank_module=PROGRAM, pg_timeout_s=120)
+    r = stage(request, mode, "load", tmp_path / "load", 2, 20.0, {"HARNESS_INJECT": "hang:1:before_save"},
+              pg_timeout_s=120)
     assert r.timed_out and r.leftovers == [], r.summary()
     assert (r.cause.rank, r.cause.kind) == (1, "timeout"), r.summary()
     assert "distributed_c10d" in (r.stage_dir / "stacks" / "rank0.txt").read_text()
@@ -123,12 +176,13 @@ def test_repeated_injections(tmp_path, kind):
         check(r, kind, k, 4)
 
 
-def test_peers_deaf_to_sigterm_are_killed_and_labelled(tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_peers_deaf_to_sigterm_are_killed_and_labelled(tmp_path, request, mode):
     """NCCL ranks blocked in a collective take no Python signal; here the peers of the raising
     rank ignore SIGTERM (tests/rank_programs/collectives.py): only the final kill ends them, and
     the raise stays the cause (its time: bench/teardown.py --deaf-peers --compare-term-grace)."""
-    r = run_stage("save", tmp_path / "save", 4, [], 90.0, rank_module=PROGRAM, pg_timeout_s=PG_TIMEOUT_S,
-                  env={"HARNESS_INJECT": "raise:2:before_save", "HARNESS_DEAF_PEERS": "1"})
+    r = stage(request, mode, "save", tmp_path / "save", 4, 90.0,
+              {"HARNESS_INJECT": "raise:2:before_save", "HARNESS_DEAF_PEERS": "1"}, PG_TIMEOUT_S)
     info = r.summary()
     assert (r.cause.rank, r.cause.kind, r.cause.exc_type) == (2, "exception", "RuntimeError"), info
     assert sorted(s.rank for s in r.secondaries) == [0, 1, 3] and all(s.secondary for s in r.secondaries), info
@@ -150,3 +204,40 @@ def test_the_final_kill_is_quick_once_a_primary_error_is_on_file(tmp_path):
         {"rank": 2, "exc_type": "RuntimeError", "message": "injected failure at before_save"}))
     assert torchrun.term_grace_s(tmp_path) == torchrun.CAUSE_KNOWN_TERM_GRACE_S
     assert torchrun.CAUSE_KNOWN_TERM_GRACE_S < torchrun.TERM_GRACE_S
+
+
+CONTROLLER = """
+import sys
+from pathlib import Path
+from harness.launch.warm import WarmParents, parent_key
+root = Path(sys.argv[1])
+parents = WarmParents()
+parents.run(parent_key("cpu", "none", "local", root), "save", root / "save", 2, [], 300,
+            {"HARNESS_INJECT": "hang:*:before_save"}, rank_module="tests.rank_programs.collectives",
+            pg_timeout_s=300)
+"""
+
+
+def test_a_killed_controller_takes_its_warm_parent_and_stages_with_it(tmp_path):
+    """SIGKILL leaves the controller no teardown: the warm parent notices its owner is gone
+    (harness/rank/warm.py, once a second) and kills the running stage agent's session, then
+    leaves; nothing of it outlives the controller by more than a few seconds."""
+    import signal
+    import sys
+
+    from harness.launch import bounded as bounded_process
+    from harness.paths import REPO_ROOT
+    from tests.helpers import wait_for
+
+    proc = bounded_process.start([sys.executable, "-c", CONTROLLER, str(tmp_path)], cwd=REPO_ROOT)
+    try:
+        ranks = tmp_path / "save" / "stacks"
+        assert wait_for(lambda: len(list(ranks.glob("rank*.txt"))) == 2, 120), "the stage never started"
+        (parent_dir,) = (tmp_path / "pools").iterdir()
+        assert len(pool_processes(parent_dir)) == 4  # the parent, the agent, two ranks
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert wait_for(lambda: pool_processes(parent_dir) == [], 10), \
+            [p.pid for p in pool_processes(parent_dir)]
+    finally:
+        bounded_process.kill_group(proc)

@@ -43,8 +43,10 @@ SECONDARY_EXC_TYPES = re.compile(r"(^|\.)(DistBackendError|DistNetworkError)$")
 #   "  rank      : 1 (local_rank: 1)" then "  exitcode  : -9 (pid: 7708)"
 ELASTIC_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank", re.M)
 ELASTIC_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", re.M)
-# torch elastic multiprocessing/api.py: "Sending process 7418 closing signal SIGTERM"
-ELASTIC_SIGTERM = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
+# torch elastic multiprocessing/api.py: "Sending process 7418 closing signal SIGTERM" (ranks it
+# started as subprocesses); for forked ranks (fork mode, harness/rank/warm.py) "Closing process
+# 7418 via signal SIGTERM", and torch.multiprocessing's "Terminating process 7418 via signal SIGTERM"
+ELASTIC_SIGTERM = re.compile(r"(?:Sending|Closing|Terminating) process (\d+) (?:closing|via) signal (SIG\w+)")
 # C++ std::terminate text (gloo EnforceNotMet in a background thread -> SIGABRT): "  what():  [enforce fail ..."
 CPP_WHAT = re.compile(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.*)")
 # A frame inside a collective in a faulthandler dump: the rank was waiting on peers, not stuck itself.

@@ -46,8 +46,9 @@ STOP_WAIT_S = 10.0  # a stopped pool's ranks leave in well under a second
 
 
 def stage_mode(tier: str | None = None) -> str:
-    """``HARNESS_STAGE_MODE`` (every tier), else the tier's default: ``pool`` (warm rank pools)
-    or ``fresh`` (one torchrun per stage, the reference)."""
+    """``HARNESS_STAGE_MODE`` (every tier), else the tier's default: ``pool`` (warm rank pools),
+    ``fresh`` (one torchrun per stage, the reference) or ``fork`` (ranks forked from a warm
+    parent, harness/launch/warm.py)."""
     mode = os.environ.get("HARNESS_STAGE_MODE") or (
         facts(tier).stage_mode if tier in TIERS else StageMode.FRESH)
     if mode not in STAGE_MODES:

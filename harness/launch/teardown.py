@@ -40,7 +40,9 @@ class Watch:
 
 
 def discover(proc: subprocess.Popen, w: Watch) -> None:
-    """Map torchrun's children to global ranks (RANK in their environment, once exec'd)."""
+    """Map torchrun's children to global ranks (RANK in their environment, once exec'd; a
+    forked rank's comes from its agent, harness/launch/warm.py ``rank_of``)."""
+    rank_of = getattr(proc, "rank_of", None)
     for node, agent in enumerate(agent_pids(proc)):
         try:
             kids = psutil.Process(agent).children()
@@ -51,7 +53,7 @@ def discover(proc: subprocess.Popen, w: Watch) -> None:
             if k.pid in known:
                 continue
             try:
-                rank = k.environ().get("RANK")
+                rank = rank_of(k.pid) if rank_of else k.environ().get("RANK")
             except psutil.Error:
                 rank = None
             if rank is not None:

@@ -89,6 +89,20 @@ def _arm_stack_dumps(rank: int, stacks_dir: Path | None = None, limit_s: float |
         previous.close()
 
 
+def stack_file_pids(stacks_dir: Path) -> dict[int, int]:
+    """pid -> rank of every stack-dump file in ``stacks_dir`` (its first line, written above)."""
+    out = {}
+    for path in stacks_dir.glob("rank*.txt"):
+        try:
+            with open(path) as f:
+                head = f.readline().split()
+            if head[:1] == ["pid"]:
+                out[int(head[1])] = int(path.stem[4:])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 # How long a failing rank waits for its abort before it leaves anyway: an NCCL communicator
 # whose peers sit in a collective may not finish aborting (the process exits regardless).
 ABORT_BOUND_S = 0.5
@@ -176,9 +190,21 @@ def write_result(rank: int, stage_dir: Path, result: dict | None) -> None:
                        "stage_token": os.environ.get("HARNESS_STAGE_TOKEN", "")})
 
 
+# Set in a rank forked by torch's elastic agent (harness/rank/warm.py rank_entry): that agent
+# waits for its entry point's return value, so a rank that passed returns (raising Returned up
+# to the entry point) instead of os._exit(0); a failing rank still leaves at once.
+RETURN_ON_SUCCESS = False
+
+
+class Returned(BaseException):
+    """A passing rank's way back to its fork-mode entry point (``leave(0)``)."""
+
+
 def leave(code: int = 0) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
+    if code == 0 and RETURN_ON_SUCCESS:
+        raise Returned
     os._exit(code)
 
 

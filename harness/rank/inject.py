@@ -11,6 +11,8 @@ What each kind does, and what it produces on gloo (measured, see tests/test_tear
   / ``Connection reset by peer`` (secondary) or are SIGTERMed by torchrun.
 - ``sigkill``: the rank SIGKILLs itself: no error file, exit code -9 in torchrun's
   ``Failures:`` block; peers see ``Connection closed by peer`` or torchrun's SIGTERM.
+- ``abort``: the rank dies of SIGABRT (``os.abort()``, what a C++ abort or a failed assert in a
+  native library does): no error file, exit code -6, as ``sigkill`` otherwise.
 - ``hang``: the rank sleeps forever outside any collective. Peers time out in their next
   collective after the process-group timeout (gloo: ``Timed out waiting ...ms for recv``),
   then torchrun SIGTERMs the sleeper.
@@ -27,7 +29,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-KINDS = ("raise", "sigkill", "hang", "mismatch")
+KINDS = ("raise", "sigkill", "abort", "hang", "mismatch")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ def _fire(inj: Injection, rank: int) -> None:
         raise RuntimeError(f"injected failure at {inj.point} on rank {rank}")
     if inj.kind == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if inj.kind == "abort":
+        os.abort()
     if inj.kind == "hang":
         while True:
             time.sleep(3600)

@@ -16,6 +16,7 @@ from harness.check import judge
 from harness.check.versions import installed_modelopt
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.pool import POOLS, PoolKey, stage_mode
+from harness.launch.warm import WARM, parent_key
 from harness.launch.signals import shutdown_signal
 from harness.launch.torchrun import run_stage
 from harness.paths import GOLDEN_DIR, RunDir, SaveDir
@@ -116,14 +117,20 @@ def _runtime_layout() -> str:
 
 
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell, run: RunDir) -> StageResult:
-    """THE place a stage starts: a fresh torchrun, or a warm rank pool (HARNESS_STAGE_MODE)."""
+    """THE place a stage starts: a fresh torchrun, a warm rank pool, or ranks forked from a
+    warm parent (HARNESS_STAGE_MODE)."""
     spec_path = spec.write(stage_dir / "spec.json")
     timeout_s, env = cell.scenario.stage_timeout_s, rank_env(cell.scenario)
-    if stage_mode(spec.tier) == StageMode.POOL:  # pools live in the run directory
+    mode, grace_s = stage_mode(spec.tier), facts(spec.tier).teardown_grace_s
+    if mode == StageMode.POOL:  # pools and warm parents live in the run directory
         key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run.root, env)
         return POOLS.run(key, spec_path, spec.stage, stage_dir, timeout_s).result()
+    if mode == StageMode.FORK:
+        key = parent_key(spec.tier, spec.patch, spec.backend, run.root, env)
+        return WARM.run(key, spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
+                        timeout_s, env, grace_s=grace_s).result()
     fresh = run_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
-                      timeout_s=timeout_s, env=env, grace_s=facts(spec.tier).teardown_grace_s)
+                      timeout_s=timeout_s, env=env, grace_s=grace_s)
     return fresh.result()
 
 

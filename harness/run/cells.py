@@ -10,6 +10,7 @@ from pathlib import Path
 
 from harness.machine import skip_reason, tier_skip_reason, versions
 from harness.launch.pool import POOLS, stage_mode
+from harness.launch.warm import WARM
 from harness.launch.signals import shutdown_signal
 from harness.paths import RunDir
 from harness.records import UNEXPECTED_OUTCOMES, CellRecord, Outcome, Stage
@@ -119,6 +120,7 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=None,
             list(pool.map(one, _phase_order([c for c in cells if c.load is not None], Stage.LOAD)))
     finally:
         POOLS.close_all()  # warm rank pools (HARNESS_STAGE_MODE=pool) never outlive a run
+        WARM.close_all()  # nor warm parents (fork)
     doc = collect(run, versions(), interrupted=shutdown_signal())
     print(markdown_summary(doc), file=out)
     print(f"results: {run.results}", file=out)

@@ -1,0 +1,225 @@
+"""Warm parents, controller side: ``HARNESS_STAGE_MODE=fork`` (issue 55).
+
+Why: most of a cpu-tier stage is importing the stack. A warm parent (harness/rank/warm.py)
+imports it once per key and forks, per stage, a stage agent running torch's own elastic
+launcher with ``start_method="fork"``: the ranks start from the warm image under torch's
+agent, rendezvous and error files, with no launcher of ours. Unlike a warm pool, every stage
+gets new rank processes (nothing a stage leaves in a rank reaches the next) of any world size,
+and one parent serves stages side by side.
+
+The controller never forks (it is multi-threaded): the parent is a subprocess of its own
+session, and each stage agent a session of its own. ``ForkedAgent`` makes that agent look
+like torchrun's Popen to ``torchrun.supervise``, so a stage is watched and torn down by the same
+code as a fresh one (error files, rank deaths, timeout with stack dumps, the shutdown signal,
+the session kill) and returns the same StageRun. A stage's failure kills its agent's session,
+never the parent; a parent that dies or has not forked a stage's agent by the stage's end is
+killed and replaced. Parents live in ``<run>/pools/fork-...`` and carry ``HARNESS_POOL_DIR`` like
+a pool's ranks, so the same search finds every process of theirs.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from harness.jsonfile import read_json, write_json_atomic
+from harness.launch.command import make_stage_dirs, new_stage_token, stage_env
+from harness.launch.nodes import rendezvous_port
+from harness.launch.pool import STOP_WAIT_S, PoolKey, pool_processes
+from harness.launch.signals import shutdown_signal
+from harness.launch.teardown import POLL_S, end_session, kill_and_wait
+from harness.launch.torchrun import StageRun, not_started, supervise
+from harness.paths import REPO_ROOT, RunDir
+from harness.rank.guard import stack_file_pids
+
+
+def parent_key(tier: str, patch: str, backend: str, root: Path, extra_env: dict | None = None) -> PoolKey:
+    """A warm parent's key: a pool's (harness/launch/pool.py) without the world size, which
+    each stage's agent picks."""
+    return PoolKey.of(0, tier, patch, backend, root, extra_env)
+
+
+class ForkedAgent:
+    """A stage agent the warm parent forked, watched like a torchrun Popen: ``pid`` once the
+    parent says it forked it, ``returncode`` once the parent reaped it (both from files)."""
+
+    def __init__(self, parent: "WarmParent", seq: int, stage_dir: Path):
+        self.parent, self.seq, self.stage_dir = parent, seq, stage_dir
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        self._ranks: dict[int, int] = {}  # pid -> rank
+
+    @property
+    def procs(self) -> list["ForkedAgent"]:
+        """What teardown.agent_pids signals: nothing before the agent exists."""
+        return [self] if self.pid is not None else []
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        if self.pid is None:
+            self.pid = (read_json(self.parent.dir / "started" / f"{self.seq}.json", default=None)
+                        or {}).get("pid")
+        done = read_json(self.parent.dir / "exit" / f"{self.seq}.json", default=None)
+        if done is not None:
+            self.returncode = int(done["returncode"])
+        elif not self.parent.alive and not self._agent_alive():
+            self.returncode = 1  # the parent died: nobody forked or reaped this agent
+        return self.returncode
+
+    def _agent_alive(self) -> bool:
+        try:
+            return self.pid is not None and psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """As Popen.wait. An agent not forked yet (its parent still preloading) cannot be
+        signalled: the parent is killed instead, so it never starts one after the stage ended."""
+        if self.poll() is None and self.pid is None:
+            self.parent.kill()
+        end = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if end is not None and time.time() > end:
+                raise subprocess.TimeoutExpired(f"stage agent {self.pid}", timeout)
+            time.sleep(POLL_S)
+        return self.returncode
+
+    def rank_of(self, pid: int) -> int | None:
+        """The rank of the agent's child ``pid``. A forked rank's environment as /proc shows it is
+        the parent's (no RANK): its guard's stack-dump file names its pid (rank/guard.py)."""
+        if pid not in self._ranks:
+            self._ranks.update(stack_file_pids(self.stage_dir / "stacks"))
+        return self._ranks.get(pid)
+
+
+class WarmParent:
+    """One ``python -m harness.rank.warm`` process in ``dir``; hands it stages as job files."""
+
+    def __init__(self, key: PoolKey, parent_dir: Path, *, pg_timeout_s: float | None = None,
+                 python: str = sys.executable):
+        self.key, self.dir = key, Path(parent_dir).resolve()
+        self.pg_timeout_s, self.python = pg_timeout_s, python
+        self.proc: subprocess.Popen | None = None
+        self.started_at: float | None = None
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> "WarmParent":
+        for sub in ("jobs", "started", "exit"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        env = stage_env("warm", self.dir, 0, self.pg_timeout_s, dict(self.key.env))
+        env.pop("HARNESS_STAGE_TIMEOUT_S")
+        env.update(self.marks(), HARNESS_POOL_OWNER=str(os.getpid()),
+                   HARNESS_POOL_TIER=self.key.tier, HARNESS_POOL_PATCH=self.key.patch)
+        self.started_at = time.time()
+        with open(self.dir / "parent.log", "wb") as log:
+            self.proc = subprocess.Popen([self.python, "-m", "harness.rank.warm", str(self.dir)],
+                                         stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True, cwd=REPO_ROOT)
+        return self
+
+    def marks(self) -> dict[str, str]:
+        """In the environment of the parent and every stage's ranks (and what they exec): found
+        by launch/pool.py ``pool_processes``, as a pool's ranks are."""
+        return {"HARNESS_POOL_DIR": str(self.dir)}
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def ready(self) -> dict | None:
+        """The parent's ready.json (its preload time, whether it refuses to fork), once written."""
+        return read_json(self.dir / "ready.json", default=None)
+
+    def run(self, stage: str, stage_dir: Path, nproc: int, rank_args: list[str], timeout_s: float,
+            env: dict | None = None, *, rank_module: str = "harness.rank", grace_s: float = 3.0,
+            pg_timeout_s: float | None = None) -> StageRun:
+        """As torchrun.run_stage, with the ranks forked from this parent. A stage that starts
+        before the parent is ready is clocked from the parent's start (it waited for the imports)."""
+        stage_dir = Path(stage_dir).resolve()
+        if shutdown_signal():
+            return not_started(stage, stage_dir)
+        make_stage_dirs(stage_dir)
+        t0 = time.time() if self.ready else self.started_at
+        token = new_stage_token()
+        job_env = {**stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env, token), **self.marks()}
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            write_json_atomic(self.dir / "jobs" / f"{seq}.json", {
+                "seq": seq, "stage": stage, "stage_dir": str(stage_dir), "nproc": nproc,
+                "rank_module": rank_module, "rank_args": list(rank_args), "env": job_env,
+                "rdzv_endpoint": f"localhost:{rendezvous_port()}"})
+        agent = ForkedAgent(self, seq, stage_dir)
+        try:
+            return supervise(stage, stage_dir, agent, t0, timeout_s, grace_s, world=nproc, token=token)
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> list[int]:
+        """Kill the parent, then every process that carries its directory (agents, ranks)."""
+        left = end_session(self.proc, grace_s=0.0) if self.proc is not None else []
+        strays = pool_processes(self.dir)
+        kill_and_wait(strays)
+        return sorted({*left, *(p.pid for p in strays)})
+
+    def close(self) -> list[int]:
+        """Ask the parent to stop (it kills any agent still running), kill what is left."""
+        if self.alive and not shutdown_signal():
+            with self._lock:
+                self._seq += 1
+                write_json_atomic(self.dir / "jobs" / f"{self._seq}.json", {"seq": self._seq, "stop": True})
+            try:
+                self.proc.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.kill()
+
+
+class WarmParents:
+    """A live warm parent per key, started by the first stage that needs it; ``close_all`` at
+    the end of every run (run/cells.py) and at exit."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._parents: dict[PoolKey, WarmParent] = {}
+        self.started = 0
+
+    def get(self, key: PoolKey) -> WarmParent:
+        dead = None
+        with self._lock:
+            parent = self._parents.get(key)
+            if parent is None or not parent.alive:
+                dead = parent
+                self.started += 1
+                stem = f"fork-{key.tier}-{key.patch}-p{os.getpid()}-{self.started}"
+                parent = WarmParent(key, RunDir(Path(key.root)).new_pool(stem)).start()
+                self._parents[key] = parent
+        if dead is not None:
+            dead.kill()
+        return parent
+
+    def run(self, key: PoolKey, stage: str, stage_dir: Path, nproc: int, rank_args: list[str],
+            timeout_s: float, env: dict | None = None, **kw) -> StageRun:
+        if shutdown_signal():
+            return not_started(stage, Path(stage_dir).resolve())
+        return self.get(key).run(stage, stage_dir, nproc, rank_args, timeout_s, env, **kw)
+
+    def close_all(self) -> None:
+        with self._lock:
+            parents, self._parents = list(self._parents.values()), {}
+        for p in parents:
+            p.close()
+
+
+WARM = WarmParents()
+atexit.register(WARM.close_all)
