@@ -30,7 +30,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.pool import cells  # noqa: E402
-from harness.records import Outcome  # noqa: E402
+from harness.records import Outcome, Stage  # noqa: E402
 from harness.scenario.selections import bench_choice  # noqa: E402
 
 MIB = 1024 * 1024
@@ -121,7 +121,7 @@ def one_run(chosen: list, mode: str, root: Path, every_s: float) -> tuple[dict, 
         if c["outcome"] != Outcome.PASS:
             raise SystemExit(f"{mode}: {c['cell_id']} {c['outcome']}: {(c['message'] or '')[:300]}")
         d = c["durations"]
-        which = "load" if c["load_topology"] else "save"
+        which = Stage.LOAD if c["load_topology"] else Stage.SAVE
         name = f"{which} {c['load_topology'] or c['save_topology']}"
         if f"{which}_stage" in d:
             stages[name] = (d.get(f"{which}.start"), d.get(f"{which}.imports"), d[f"{which}_stage"])

@@ -33,6 +33,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from harness.records import Patch
+from harness.tiers import Backend, Tier
 from harness.jsonfile import write_json_atomic
 from harness.launch import torchrun
 from harness.launch.signals import exit_cleanly_on_sigterm
@@ -80,7 +82,7 @@ def forked(root: Path):
     from harness.launch.pool import pool_processes
     from harness.launch.warm import WARM, parent_key
 
-    key = parent_key("cpu", "none", "local", root)
+    key = parent_key(Tier.CPU, Patch.NONE, Backend.LOCAL, root)
 
     def start(*args, **kw):
         r = WARM.run(key, *args, **kw)

@@ -5,8 +5,8 @@ The job here is the shipped Ultra job (scenarios/quarantine.toml: its shapes, re
 scenarios) with its recipe replaced by a file in the repository. The committed records of its
 scenarios ran the shipped Ultra recipe, whose routed experts are static NVFP4 (kind
 ``static-block``); a file that makes the same kinds must get the shipped job's decision, and a
-file whose kind no pair has a rule for (INT8 per channel) must be RULE UNKNOWN naming the kind
-(harness/check/versions.py has rules for ``scalar`` and ``static-block`` only). Expectations come
+file whose kinds no committed record made (INT8 per channel) must not borrow the static
+records' outcomes: undecided (exit 4), naming the scenario run that would decide. Expectations come
 from the shipped job's own verdict and the rules' table, not from the file job's output.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.cpu
 
 ULTRA = "ultra-550b-a55b-nvfp4-ptq"
 SAME_KINDS = "file:tests/data/recipes/nvfp4_static_experts.yaml"  # static NVFP4 experts only
-NO_RULE_KIND = "file:tests/data/recipes/int8_per_channel_experts.yaml"  # INT8, axis 0
+OTHER_KINDS = "file:tests/data/recipes/int8_per_channel_experts.yaml"  # INT8, axis 0
 
 
 def _own_job(tmp_path, recipe: str):
@@ -62,8 +62,11 @@ def test_a_recipe_file_with_the_shipped_kinds_gets_the_shipped_jobs_decision(tmp
     assert (code, _word(mine)) == (shipped_code, _word(shipped)), (mine, shipped)
 
 
-def test_a_recipe_file_whose_kind_has_no_rule_is_rule_unknown_naming_the_kind(tmp_path):
-    quarantine = _own_job(tmp_path, NO_RULE_KIND)
+def test_a_recipe_file_whose_kinds_no_record_made_is_undecided(tmp_path):
+    """Per-channel experts have rules (read from the sources, harness/check/versions.py), but no
+    committed record of the job's cells saved that kind: nothing decides, and the line names what
+    would."""
+    quarantine = _own_job(tmp_path, OTHER_KINDS)
     code, line = _gate("--quarantine", str(quarantine), "--job", "mine", "--modelopt", "0.48.0rc1")
-    assert code == 4 and _word(line) == "RULE UNKNOWN", line
-    assert "no rule for amax kind 'per-channel' of the experts" in line and NO_RULE_KIND in line, line
+    assert code == 4 and _word(line) in ("INCOMPLETE", "NO EVIDENCE", "RULE UNKNOWN"), line
+    assert "what would decide: python -m harness run --scenario " in line or "'per-channel'" in line, line
