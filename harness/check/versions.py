@@ -510,6 +510,16 @@ class Behaviour:
         return None
 
 
+def _expert_kinds(lost_on_reload: bool, source: str) -> dict[str, KindRule]:
+    """The routed experts' rules per amax kind where the per-expert grouped plugin holds (0.47.0,
+    0.48.0rc1; mcore 0.16.x|0.19.2): the channel and block kinds share the scalar's replica ids,
+    ``lost_on_reload`` where post-restore re-calibrates through expert 0, ``source`` says why."""
+    return {STATIC_BLOCK: static_block_rule(),
+            PER_CHANNEL: per_channel_expert_rule(lost_on_reload, source),
+            PER_BLOCK: per_block_expert_rule(lost_on_reload, source),
+            NO_AMAX: no_amax_rule()}
+
+
 _DENSE_WITH_STATIC = {SCALAR: dense_scalar_rule(), STATIC_BLOCK: dense_static_block_rule(),
                       PER_CHANNEL: dense_per_channel_rule(), PER_BLOCK: dense_per_block_rule(),
                       NO_AMAX: no_amax_rule()}
@@ -541,10 +551,7 @@ KNOWN = (
         label="0.47.0 + mcore 0.16.x|0.19.2", specifier="==0.47.0", layout=PER_EXPERT,
         replica_rule="dense-tp", drops_expert_amax_on_reload=True,
         golden_restore=_GOLDENS_PER_EXPERT, fix_applies=True,
-        kinds={STATIC_BLOCK: static_block_rule(),
-               PER_CHANNEL: per_channel_expert_rule(True, _EXPERT_ENTRIES_047 + "; " + _SECOND_BUG_047),
-               PER_BLOCK: per_block_expert_rule(True, _EXPERT_ENTRIES_047 + "; " + _SECOND_BUG_047),
-               NO_AMAX: no_amax_rule()},
+        kinds=_expert_kinds(True, _EXPERT_ENTRIES_047 + "; " + _SECOND_BUG_047),
         dense_kinds=_DENSE_WITH_STATIC,
         fixed_kinds={STATIC_BLOCK: fixed_static_block_rule()},
         source=f"{_SRC_047}; megatron-core >= 0.16 fills replica_id[1] from the DENSE TP group "
@@ -570,10 +577,7 @@ KNOWN = (
         label="0.48.0rc1 + mcore 0.16.x|0.19.2", specifier="==0.48.0rc1", layout=PER_EXPERT,
         replica_rule="expert-tp", drops_expert_amax_on_reload=False,
         golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
-        kinds={STATIC_BLOCK: static_block_rule(),
-               PER_CHANNEL: per_channel_expert_rule(False, _EXPERT_ENTRIES_048 + "; " + _NO_SECOND_BUG_048),
-               PER_BLOCK: per_block_expert_rule(False, _EXPERT_ENTRIES_048 + "; " + _NO_SECOND_BUG_048),
-               NO_AMAX: no_amax_rule()},
+        kinds=_expert_kinds(False, _EXPERT_ENTRIES_048 + "; " + _NO_SECOND_BUG_048),
         dense_kinds=_DENSE_WITH_STATIC,
         # the fix has only part (f) for 0.48.0rc1: a patched cell whose scenario needs (f) runs,
         # one that needs the whole fix is skipped
