@@ -115,7 +115,7 @@ class Evidence:
                 docs = [(e.label, e.run) for e in entries]
                 v, sources = gate.judge_job(docs, job.id, quarantine, self.scenarios)
                 patched = (gate.judge_job(docs, job.id, quarantine, self.scenarios, patched=True)[0]
-                           if job.profile.fix and gate.fix_runs(pair, job) else None)
+                           if job.profile.fix and gate.fix_runs(pair, job, self.scenarios) else None)
                 self._judged[key] = JobPair(pair, v, sources, gate.interrupted_runs(v, docs), patched)
         return self._judged[key]
 
@@ -304,10 +304,10 @@ def _job_section(ev: Evidence, job: vd.Job, quarantine: Quarantine, title: str,
            "interrupted runs among them | cells missing |",
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for p, jp in judged.items():
-        fixed = jp.text(True) if job.profile.fix and gate.fix_runs(p, job) else NOTHING
+        fixed = jp.text(True) if job.profile.fix and gate.fix_runs(p, job, ev.scenarios) else NOTHING
         came = ", ".join(dict.fromkeys(short(s) for s in jp.sources.values())) or "-"
         cut = ", ".join(short(s) for s in jp.interrupted) or "-"
-        missing = gate.missing_cells(jp.verdict, p) if jp.verdict else []
+        missing = gate.missing_cells(jp.verdict, p, ev.scenarios) if jp.verdict else []
         n = len(jp.verdict.evidence) if jp.verdict else 0
         miss = NOTHING if not missing else (f"all {len(missing)}" if len(missing) == n else
                                            ", ".join(_cell_label(c, "").strip() for c in missing))

@@ -73,21 +73,10 @@ def pair_of_runs(runs: list[RunResults]) -> Pair | None:
     return pairs[0] if pairs else None
 
 
-def fix_parts_only(pair: Pair | None, job: vd.Job, scenarios: list | None = None) -> bool:
-    """Whether, on ``pair``, harness.fix installs only parts the release lacks and the job's fix
-    scenario needs no other (0.48.0rc1 and part (f)): its patched pipeline is judged on the fix
-    cells alone."""
-    from harness.check.versions import rules_for
-
-    return pair is not None and rules_for(pair.modelopt, pair.mcore).fix_parts_only(
-        vd.fix_parts(job, scenarios))
-
-
-def fix_runs(pair: Pair | None, job: vd.Job) -> bool:
-    """Whether harness.fix patches ``pair`` for what the job's fix scenario needs (no pair: yes)."""
-    from harness.check.versions import rules_for
-
-    return pair is None or rules_for(pair.modelopt, pair.mcore).fix_runs(vd.fix_parts(job))
+def fix_runs(pair: Pair | None, job: vd.Job, scenarios: list | None = None) -> bool:
+    """Whether harness.fix patches ``pair`` for what the job's fix scenario needs (no pair: yes);
+    ``scenarios``: the scenarios already read."""
+    return vd.fix_patches(pair, vd.fix_parts(job, scenarios))[0]
 
 
 def judge_job(docs: list[tuple[str, Mapping[str, Any]]], job_id: str,
@@ -96,13 +85,12 @@ def judge_job(docs: list[tuple[str, Mapping[str, Any]]], job_id: str,
     """The job's verdict from every given run together (newer runs win for the same cell), and
     the file each evidence cell's record came from. The runs must share one pair.
     ``quarantine``: other job profiles than scenarios/quarantine.toml's; ``scenarios``: the
-    scenarios already read; ``patched``: for a pipeline with the fix (fix_parts_only)."""
+    scenarios already read; ``patched``: for a pipeline with the fix (verdict.fix_patches)."""
     runs = [(label, RunResults.of(doc)) for label, doc in docs]
     pair = pair_of_runs([r for _, r in runs])
     sources = vd.merged_sources(runs)
     verdicts = vd.judge_records({cid: rec for cid, (_, rec) in sources.items()}, quarantine,
-                                scenarios, lambda job: patched and fix_runs(pair, job),
-                                lambda job: patched and fix_parts_only(pair, job, scenarios))
+                                scenarios, patched, pair)
     v = next(v for v in verdicts if v.job.id == job_id)
     return v, {e.cell_id: sources[e.cell_id][0] for e in v.evidence if e.cell_id in sources}
 
@@ -232,9 +220,10 @@ def _files_lines(v: vd.Verdict, docs: list[tuple[str, Mapping[str, Any]]], sourc
     return lines
 
 
-def missing_cells(v: vd.Verdict, pair: Pair | None) -> list[str]:
-    """The job's cells no file holds (or only cut): the fix's only where the fix applies."""
-    fix = fix_runs(pair, v.job)
+def missing_cells(v: vd.Verdict, pair: Pair | None, scenarios: list | None = None) -> list[str]:
+    """The job's cells no file holds (or only cut): the fix's only where the fix applies;
+    ``scenarios``: the scenarios already read."""
+    fix = fix_runs(pair, v.job, scenarios)
     return [e.cell_id for e in v.evidence if e.outcome in vd.NOT_RUN
             and (e.role == vd.Role.WITNESS or fix)]
 

@@ -324,19 +324,33 @@ def fix_parts(job: Job, scenarios: list[Scenario] | None = None) -> tuple[str, .
     return tuple(fix.fix_parts) if fix else ()
 
 
+def fix_patches(pair, parts: tuple[str, ...]) -> tuple[bool, bool]:
+    """(whether harness.fix patches ``pair`` for a fix scenario needing ``parts``, whether with
+    only parts the release lacks: a patched pipeline is then judged on the fix cells alone, its
+    unpatched witness saying nothing about what the part changes). No pair: any pair the fix
+    runs on."""
+    from harness.check.versions import rules_for
+
+    if pair is None:
+        return True, False
+    rules = rules_for(pair.modelopt, pair.mcore)
+    return rules.fix_runs(parts), rules.fix_parts_only(parts)
+
+
 def judge_records(records: Mapping[str, Record], quarantine: Quarantine | None = None,
-                  scenarios: list[Scenario] | None = None, patched=lambda job: False,
-                  fix_only=lambda job: False) -> list[Verdict]:
-    """Every job's verdict (``patched(job)``: for a pipeline with the fix, judge's word);
-    ``fix_only(job)``: judge that job on its fix cells alone (a patched pipeline on a release that
-    has the rest of the fix itself: its unpatched witness says nothing about what the fix's part
-    changes)."""
+                  scenarios: list[Scenario] | None = None, patched: bool = False,
+                  pair=None) -> list[Verdict]:
+    """Every job's verdict; ``patched``: for a pipeline with the fix on ``pair`` (judge's
+    ``patched`` where the fix runs there, on the fix cells alone where it has only parts the
+    release lacks: fix_patches)."""
     q = quarantine or load_quarantine()
     scenarios = scenarios or load_all()
     out = []
     for j in q.jobs:
         witness, fix = evidence_cells(j, scenarios)
-        out.append(judge(j, [] if fix and fix_only(j) else witness, fix, records, patched(j)))
+        runs, parts_only = (fix_patches(pair, tuple(fix[0].scenario.fix_parts) if fix else ())
+                            if patched else (False, False))
+        out.append(judge(j, [] if fix and parts_only else witness, fix, records, runs))
     return out
 
 

@@ -70,22 +70,29 @@ def test_apply_installs_on_te_classes(patched):
         assert getattr(target, _MARK, False), target
 
 
-def _quant_grouped_linear(amax):
-    import modelopt.torch.quantization.plugins.megatron as mp
-    from megatron.core.extensions.transformer_engine import TEColumnParallelGroupedLinear
+def _converted_grouped_linear(grouped_class, input_size: int, output_size: int):
+    """A real TE grouped linear of NUM_GEMMS experts on the GPU, converted to ModelOpt's quant
+    module (its per-expert weight quantizers not yet configured)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
-    from modelopt.torch.opt.plugins.megatron import register_modelopt_extra_state_callbacks
     from modelopt.torch.quantization.nn import QuantModuleRegistry
 
     config = TransformerConfig(
         num_layers=1, hidden_size=64, num_attention_heads=4, num_moe_experts=NUM_GEMMS,
         moe_grouped_gemm=True, params_dtype=torch.bfloat16, bf16=True,
     )
-    linear = TEColumnParallelGroupedLinear(
-        NUM_GEMMS, 64, 128, config=config, init_method=torch.nn.init.normal_,
+    linear = grouped_class(
+        NUM_GEMMS, input_size, output_size, config=config, init_method=torch.nn.init.normal_,
         bias=False, skip_bias_add=True, is_expert=True,
     ).cuda()
-    m = QuantModuleRegistry.convert(linear)
+    return QuantModuleRegistry.convert(linear)
+
+
+def _quant_grouped_linear(amax):
+    import modelopt.torch.quantization.plugins.megatron as mp
+    from megatron.core.extensions.transformer_engine import TEColumnParallelGroupedLinear
+    from modelopt.torch.opt.plugins.megatron import register_modelopt_extra_state_callbacks
+
+    m = _converted_grouped_linear(TEColumnParallelGroupedLinear, 64, 128)
     for q, a in zip(m.weight_quantizer, amax):
         q.amax = torch.tensor(a, device="cuda")
     register_modelopt_extra_state_callbacks(
@@ -135,20 +142,10 @@ def _static_row_grouped_linear():
     """A real TERowParallelGroupedLinear (fc2-like: weight (64, 128) per expert), its expert
     weight quantizers static NVFP4, max-calibrated on the weights (world size 1)."""
     from megatron.core.extensions.transformer_engine import TERowParallelGroupedLinear
-    from megatron.core.transformer.transformer_config import TransformerConfig
     from modelopt.torch.quantization.config import QuantizerAttributeConfig
     from modelopt.torch.quantization.model_calib import max_calibrate
-    from modelopt.torch.quantization.nn import QuantModuleRegistry
 
-    config = TransformerConfig(
-        num_layers=1, hidden_size=64, num_attention_heads=4, num_moe_experts=NUM_GEMMS,
-        moe_grouped_gemm=True, params_dtype=torch.bfloat16, bf16=True,
-    )
-    linear = TERowParallelGroupedLinear(
-        NUM_GEMMS, 128, 64, config=config, init_method=torch.nn.init.normal_,
-        bias=False, skip_bias_add=True, is_expert=True,
-    ).cuda()
-    m = QuantModuleRegistry.convert(linear)
+    m = _converted_grouped_linear(TERowParallelGroupedLinear, 128, 64)
     static = QuantizerAttributeConfig(num_bits=(2, 1), block_sizes={-1: 16, "type": "static",
                                                                    "scale_bits": (4, 3)})
     for q in m.weight_quantizer:
