@@ -34,18 +34,24 @@ JOB_CHANGE = f"pip install --no-deps {WHEEL} and MOE_CKPT_FIX=1 in the job's env
 SUPPORTED_MODELOPT_VERSION = "0.47.0"  # every part, proven on a GPU
 # The names ``applied_parts()`` gives what it installed by: parts (a)-(e) (0.47.0 only) and (f).
 EXPERT_AMAX_PART, STATIC_BLOCK_PART = "expert-amax", "static-block"
+UNLOADED_AMAX_PART = "unloaded-amax"
 PARTS = {
     EXPERT_AMAX_PART: "parts (a)-(e), per-expert amax across TP != ETP and through load_state_dict",
     STATIC_BLOCK_PART: "part (f), static NVFP4 expert block amax across expert TP (issue 54)",
+    UNLOADED_AMAX_PART: "part (g), the grouped post-restore's dry run on expert amax not yet "
+                        "loaded (integer recipes' device-side assert; issue 52)",
 }
 # Releases that have parts (a)-(e) themselves: ``apply()`` installs only these parts there.
-PARTS_ONLY_VERSIONS = {"0.48.0rc1": (STATIC_BLOCK_PART,)}
+PARTS_ONLY_VERSIONS = {"0.48.0rc1": (STATIC_BLOCK_PART, UNLOADED_AMAX_PART)}
 # A part or version with no GPU record yet is applied only when asked for by name
 # (``apply(allow_unproven=True)``, or UNPROVEN_VAR naming it), else refused or left out; it
 # moves to the proven ones when a GPU record of its cells exists (docs/fix.md). None at present:
 # part (f) and 0.48.0rc1 moved on 2026-12-06 (docs/runs/20261206-2027-device-session.md).
 UNPROVEN_MODELOPT_VERSIONS: dict[str, str] = {}
-UNPROVEN_PARTS: dict[str, str] = {}
+UNPROVEN_PARTS: dict[str, str] = {
+    UNLOADED_AMAX_PART: "part (g): written 2026-12-06 from the sources and a GPU reproduction; "
+                        "no harness GPU cell of an integer recipe has run with it yet",
+}
 UNPROVEN_VAR = "MOE_CKPT_FIX_UNPROVEN"  # version or part names, commas between
 
 
@@ -127,7 +133,8 @@ def apply(allow_unproven: bool = False) -> str:
         from . import modelopt_0_47_0 as patcher
     else:
         from . import modelopt_0_48_0rc1 as patcher
-    description = patcher.apply()
+    description = patcher.apply(
+        unproven=tuple(p for p in UNPROVEN_PARTS if allow_unproven or asked_for(p)))
     _applied_version, _applied_parts = __version__, patcher.parts()
     return description
 

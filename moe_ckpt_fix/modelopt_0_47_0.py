@@ -31,6 +31,8 @@ d., e. back-compat loading of older checkpoints (ModelOpt <= 0.46 shared weight-
 f. static NVFP4 expert weights across expert TP (the block ``_amax`` saved whole in ModelOpt's
    ETP-1 format and cut to the rank's part at the load, calibration at expert TP > 1): moe_ckpt_fix/static_block.py, shared with 0.48.0rc1; its
    upstream diff is patches/nvidia-modelopt-0.47.0-static-block-expert-tp.diff.
+g. the grouped post-restore's dry run on expert amax not loaded yet: moe_ckpt_fix/unloaded_amax.py
+   (runtime only, shared with 0.48.0rc1).
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ import functools
 import inspect
 import re
 
-from . import (EXPERT_AMAX_PART, STATIC_BLOCK_PART, Refused, TransformerEngineMissing, legacy_load,
-               static_block)
+from . import (EXPERT_AMAX_PART, STATIC_BLOCK_PART, UNLOADED_AMAX_PART, Refused,
+               TransformerEngineMissing, legacy_load, static_block, unloaded_amax)
 
 _MARK = "__moe_ckpt_fix__"  # set on every function this module installs (idempotency)
 # Keys of the per-expert state dicts that (a) targets: "{gemm_idx}.weight_quantizer.{sub}".
@@ -196,8 +198,9 @@ def _require_calls(func, names, what):
         )
 
 
-def apply() -> str:
-    """Install (a) to (f). Called through ``moe_ckpt_fix.apply()`` after the version check."""
+def apply(unproven: tuple[str, ...] = ()) -> str:
+    """Install (a) to (f), and (g) when ``unproven`` names it. Called through
+    ``moe_ckpt_fix.apply()`` after the version check."""
     global _applied, _parts
     if _applied is not None:
         return _applied
@@ -224,6 +227,7 @@ def apply() -> str:
 
     # Wrap before installing anything, so a failure leaves modelopt untouched.
     install_static = static_block.prepare(mp)
+    install_unloaded = unloaded_amax.prepare(mp)
     new_make = mp.make_sharded_tensors_for_checkpoint
     if not getattr(new_make, _MARK, False):
         new_make = wrap_make_sharded_tensors(new_make)
@@ -246,8 +250,11 @@ def apply() -> str:
     mp.quant_module_set_extra_state = new_extra
     legacy_load.install_dist_load()
     static = install_static()
-
     _parts = (EXPERT_AMAX_PART, STATIC_BLOCK_PART)
+    if UNLOADED_AMAX_PART in unproven:  # around (f)'s wrapper: it runs first
+        static += "; " + install_unloaded()
+        _parts += (UNLOADED_AMAX_PART,)
+
     _applied = (
         "nvidia-modelopt 0.47.0 patched (moe_ckpt_fix): "
         "(a) per-expert weight_quantizer sharded entries of _QuantMegatronTEGroupedLinear use the "

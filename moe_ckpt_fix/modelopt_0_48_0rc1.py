@@ -1,4 +1,4 @@
-"""The fix for nvidia-modelopt 0.48.0rc1: part (f) only.
+"""The fix for nvidia-modelopt 0.48.0rc1: part (f), and part (g) (moe_ckpt_fix/unloaded_amax.py).
 
 0.48.0rc1 has parts a-e of the 0.47.0 fix itself (per-expert amax on the expert TP/DP groups,
 GroupedQuantizer members kept through ``modelopt_post_restore``; harness/check/versions.py of the
@@ -10,19 +10,21 @@ moe-ckpt-harness repository cites the lines), but not (f): its ``_QuantMegatronT
 """
 from __future__ import annotations
 
-from . import STATIC_BLOCK_PART, TransformerEngineMissing, static_block
+from . import STATIC_BLOCK_PART, UNLOADED_AMAX_PART, TransformerEngineMissing, static_block, unloaded_amax
 
 _applied: str | None = None
+_parts: tuple[str, ...] = ()
 
 
 def parts() -> tuple[str, ...]:
-    """The parts installed in this process (moe_ckpt_fix.applied_parts): (f) once applied."""
-    return (STATIC_BLOCK_PART,) if _applied is not None else ()
+    """The parts installed in this process (moe_ckpt_fix.applied_parts): (f), and (g) where asked."""
+    return _parts
 
 
-def apply() -> str:
-    """Install (f) on 0.48.0rc1. Called through ``moe_ckpt_fix.apply()`` after the version check."""
-    global _applied
+def apply(unproven: tuple[str, ...] = ()) -> str:
+    """Install (f) on 0.48.0rc1, and (g) when ``unproven`` names it. Called through
+    ``moe_ckpt_fix.apply()`` after the version check."""
+    global _applied, _parts
     if _applied is not None:
         return _applied
     try:  # 0.48.0rc1 imports Transformer Engine unconditionally in its megatron plugin
@@ -36,7 +38,12 @@ def apply() -> str:
             "moe_ckpt_fix: modelopt's Transformer Engine plugin classes (_QuantMegatronTEGroupedLinear, "
             "_MegatronTEGroupedMLP) are not defined here. Nothing was patched.")
     install = static_block.prepare(mp)
-    _applied = ("nvidia-modelopt 0.48.0rc1 patched (moe_ckpt_fix, part (f) only: the release has "
-                "(a)-(e) itself): "
-                + install())
+    install_unloaded = unloaded_amax.prepare(mp)
+    described = [install()]
+    _parts = (STATIC_BLOCK_PART,)
+    if UNLOADED_AMAX_PART in unproven:
+        described.append(install_unloaded())
+        _parts += (UNLOADED_AMAX_PART,)
+    _applied = ("nvidia-modelopt 0.48.0rc1 patched (moe_ckpt_fix, the release has (a)-(e) "
+                "itself): " + "; ".join(described))
     return _applied

@@ -240,13 +240,14 @@ def test_apply_refuses_other_modelopt_versions(monkeypatch, installed):
 
 
 @pytest.mark.parametrize("installed, module, parts", [
-    ("0.47.0", "modelopt_0_47_0", ("expert-amax", "static-block")),
-    ("0.48.0rc1", "modelopt_0_48_0rc1", ("static-block",))])
-@pytest.mark.parametrize("value", [None, "static-block", "0.48.0rc1"])
+    ("0.47.0", "modelopt_0_47_0", ("expert-amax", "static-block", "unloaded-amax")),
+    ("0.48.0rc1", "modelopt_0_48_0rc1", ("static-block", "unloaded-amax"))])
+@pytest.mark.parametrize("value", [None, "static-block", "0.48.0rc1", "unloaded-amax"])
 def test_every_proven_part_is_installed_by_the_switch_alone(monkeypatch, installed, module, parts, value):
     """Part (f) and 0.48.0rc1 have GPU records (docs/fix.md): MOE_CKPT_FIX=1 alone (a job's whole
-    change) installs every part the release lacks, whatever MOE_CKPT_FIX_UNPROVEN says; the
-    release's own parts (0.48.0rc1 has a-e) are not installed again."""
+    change) installs every proven part the release lacks, whatever MOE_CKPT_FIX_UNPROVEN says; an
+    unproven part (g) only where MOE_CKPT_FIX_UNPROVEN names it; the release's own parts
+    (0.48.0rc1 has a-e) are not installed again."""
     import importlib
 
     patcher = importlib.import_module(f"moe_ckpt_fix.{module}")
@@ -254,12 +255,13 @@ def test_every_proven_part_is_installed_by_the_switch_alone(monkeypatch, install
     monkeypatch.setattr(fix, "_applied_version", None)  # restored after: nothing was patched
     monkeypatch.setattr(fix, "_installed_modelopt_version", lambda: installed)
     monkeypatch.setattr(fix, "_installed_mcore_version", lambda: fix.SUPPORTED_MCORE_VERSIONS[-1])
-    monkeypatch.setattr(patcher, "apply", lambda: called.append(module) or "ok")
+    monkeypatch.setattr(patcher, "apply", lambda unproven=(): called.append(unproven) or "ok")
     monkeypatch.setattr(patcher, "parts", lambda: parts, raising=False)
     monkeypatch.delenv(fix.UNPROVEN_VAR, raising=False)
     if value is not None:
         monkeypatch.setenv(fix.UNPROVEN_VAR, value)
-    assert fix.apply() == "ok" and called == [module]
+    assert fix.apply() == "ok"
+    assert called == [(value,) if value in fix.UNPROVEN_PARTS else ()]
     assert fix.PARTS_ONLY_VERSIONS.get(installed, tuple(fix.PARTS)) == parts
 
 

@@ -105,16 +105,30 @@ case "$1" in
   pipeline) $H run --label pipeline --jobs 4 $(scenarios gpu-pipeline gpu-pipeline-witness) ;;
   shape-nano) $H run --label shape-nano --jobs 2 $(scenarios gpu-nano-shape gpu-nano-shape-witness) ;;
   shape-ultra) $H run --label shape-ultra --jobs 2 $(scenarios gpu-ultra-shape gpu-ultra-shape-witness) ;;
-  equivalence)  # issue 14: the warm pool must give the fresh mode's results, cell for cell
+  equivalence)  # issues 14, 55: a warm mode (EQ_MODE: pool, fork) must give fresh's results, cell for cell
     SC=$(SCENARIOS=${EQ_SCENARIOS:-} scenarios gpu-witness)
-    for m in fresh pool; do
+    for m in fresh ${EQ_MODE:-pool}; do
       start=$(date +%s)
       $H run --label eq-$m --jobs ${EQ_JOBS:-4} --stage-mode $m $SC | tail -4
       echo "$m wall: $(( $(date +%s) - start )) s"
     done
     # the newest pair (run directories start with their time; a queue may run this mode twice)
     python3 -m harness equivalence "$(ls -d $R/*-eq-fresh | tail -1)/results.json" \
-      "$(ls -d $R/*-eq-pool | tail -1)/results.json" ;;
+      "$(ls -d $R/*-eq-${EQ_MODE:-pool} | tail -1)/results.json" ;;
+  fork-bench)  # issue 55: bench/fork.py on this host's tier (FORK_SCENARIO, gpu-fix: its cells pass), every mode
+    python3 bench/fork.py --scenario ${FORK_SCENARIO:-gpu-fix} --cells ${FORK_CELLS:-3} \
+      --modes ${FORK_MODES:-fresh,pool,fork} > "$OUT/fork-bench.md" 2>&1
+    echo "fork-bench: rc $?"; tail -n 30 "$OUT/fork-bench.md" ;;
+  fix-te)  # the fix's TE unit tests on 0.47.0 and FIX_TE_VERSIONS' others (carry .whl-048, .whl-test)
+    python3 -m pip install -q --no-index --no-deps --target /root/site-test .whl-test/*.whl || exit 2
+    for v in ${FIX_TE_VERSIONS:-0.47.0 0.48.0rc1}; do
+      py=python3
+      [ "$v" != 0.47.0 ] && py=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh "$v" | tail -1)
+      PYTHONPATH=/root/site-test${PYTHONPATH:+:$PYTHONPATH} timeout -s TERM -k 30 900 $py -m pytest \
+        -p no:cacheprovider -q -rA tests/gpu/test_fix_te.py tests/gpu/test_unloaded_amax.py \
+        > "$OUT/fix-te-$v.log" 2>&1
+      echo "fix-te $v: rc $?"; grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|passed|failed" "$OUT/fix-te-$v.log" | tail -n 20
+    done ;;
   sample)
     PY048=$(MATRIX_ENV_MODE=system bash tools/matrix-env.sh 0.48.0rc1 | tail -1)
     T=${SAMPLE_PART_TIMEOUT_S:-280}
@@ -280,8 +294,8 @@ case "$1" in
     cp $R/junit.xml "$OUT/junit-test-gpu.xml" 2>/dev/null ;;
   pause)  # PAUSE_S (60): a queue's first entry, to keep its CPU load off the other queue's timing
     sleep ${PAUSE_S:-60} ;;
-  repro-modes)
-    for m in fresh pool; do
+  repro-modes)  # REPRO_MODES (fresh,pool): make repro's job once per stage mode, timed
+    for m in $(echo "${REPRO_MODES:-fresh,pool}" | tr , ' '); do
       start=$(date +%s)
       HARNESS_STAGE_MODE=$m python3 -m harness --results-root $R repro > "$OUT/repro-$m.log" 2>&1
       echo "repro $m: rc $? wall $(( $(date +%s) - start )) s"
