@@ -20,7 +20,14 @@ Each expected word below is derived from the source lines the rules cite, not fr
   (custom.py:177-181) and cut over TP like its weight (Column axis 0): a TP change passes; a
   dense per-block one has no rule at another TP (cached block reshape, tensor_quantizer.py:1001);
 - MX formats hold no _amax and the sharded state dict takes only _amax / _pre_quant_scale keys
-  (megatron.py:520-531, :874-886): nothing to collide, lose or reshard: pass everywhere.
+  (megatron.py:520-531, :874-886): nothing to collide, lose or reshard: pass everywhere;
+- 0.48.0rc1 keeps the GroupedQuantizer members' amax through the reset (custom.py:180-186), so
+  _QuantTEGroupedLinear.modelopt_post_restore dry-runs every expert's integer weight quantizer on
+  the amax torch.empty made before the checkpoint's values load (transformer_engine.py:173-233,
+  tensor_quantizer.py:1364), whose kernel asserts amax >= 0 (tensor_quant_gpu.cu:44): the save's
+  reference reload (pp 1, amax kept on reload) is the first stage that restores, so every cell of
+  the integer witnesses expects restore-dry-run; the patched twins install part (g) (scenario
+  fix_parts "unloaded-amax"), which removes it, and keep the rules above.
 """
 from __future__ import annotations
 
@@ -38,22 +45,25 @@ SAVE = "save=tp1-etp1-ep2-pp1"
 SAVE_ONLY, OTHER_EP, TP_CHANGE, ETP_CHANGE = ("save-only", "load=tp1-etp1-ep1-pp1",
                                               "load=tp2-etp1-ep2-pp1", "load=tp1-etp2-ep1-pp1")
 P, LOST, FAIL, UNKNOWN = Expected.PASS, Expected.AMAX_LOST, Expected.FAIL_LOAD, Expected.RULE_UNKNOWN
+DRY = Expected.RESTORE_DRY_RUN
 
 # scenario -> {modelopt: {cell: expected}} under megatron-core 0.19.2 (and 0.16.1: same rules)
 EXPECTED = {
     "gpu-per-channel-recipe-witness": {
         "0.47.0": {SAVE_ONLY: P, OTHER_EP: LOST, TP_CHANGE: FAIL, ETP_CHANGE: FAIL},
-        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: UNKNOWN},
+        "0.48.0rc1": {SAVE_ONLY: DRY, OTHER_EP: DRY, TP_CHANGE: DRY, ETP_CHANGE: DRY},
     },
-    "gpu-per-channel-recipe": {
+    "gpu-per-channel-recipe": {  # part (g): no dry-run defect
         "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: UNKNOWN},
+        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: UNKNOWN},
     },
     "gpu-per-block-recipe-witness": {
         "0.47.0": {SAVE_ONLY: P, OTHER_EP: LOST, TP_CHANGE: FAIL, ETP_CHANGE: FAIL},
-        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
+        "0.48.0rc1": {SAVE_ONLY: DRY, OTHER_EP: DRY, TP_CHANGE: DRY, ETP_CHANGE: DRY},
     },
     "gpu-per-block-recipe": {
         "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
+        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
     },
     "gpu-no-amax-recipe-witness": {
         "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: P},
@@ -100,7 +110,8 @@ AWQ_KINDS = {f: ["per-block", "scalar"] for f in (EXPERTS, SHARED_EXPERTS, OTHER
 # per-block rule decides where the scalar one passes
 AWQ = {
     ("gpu-awq-recipe-witness", "0.47.0"): {SAVE_ONLY: P, OTHER_EP: LOST, TP_CHANGE: FAIL, ETP_CHANGE: FAIL},
-    ("gpu-awq-recipe-witness", "0.48.0rc1"): {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
+    # per-block experts: the restore dry run (0.48.0rc1 keeps the members' amax) at the save's reload
+    ("gpu-awq-recipe-witness", "0.48.0rc1"): {SAVE_ONLY: DRY, OTHER_EP: DRY, TP_CHANGE: DRY, ETP_CHANGE: DRY},
     ("gpu-awq-recipe", "0.47.0"): {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
 }
 
@@ -133,13 +144,21 @@ def test_an_awq_save_modelopt_refuses_is_not_quantizable():
     assert judge.judge_cell(rec, cell.plan, save, None).outcome == "not-quantizable"
 
 
-@pytest.mark.parametrize("name", ["gpu-per-channel-recipe", "gpu-per-block-recipe", "gpu-no-amax-recipe",
-                                  "gpu-awq-recipe"])
+@pytest.mark.parametrize("name", ["gpu-no-amax-recipe", "gpu-awq-recipe"])
 def test_the_patched_twins_are_skipped_on_0_48_0rc1_which_has_parts_a_to_e_itself(name):
     """The fix (parts a-e) exists for 0.47.0 only: the queue runs these twins in its 0.47.0-fix
     part (gpu-four-over-six-recipe asks for part (f) alone, which 0.48.0rc1 has)."""
     for cell in _scenario(name).cells():
         assert decision_module.decide(cell.plan, "0.48.0rc1", "0.19.2").skip
+
+
+@pytest.mark.parametrize("name", ["gpu-per-channel-recipe", "gpu-per-block-recipe"])
+def test_the_integer_twins_run_on_0_48_0rc1_with_part_g_alone(name):
+    """The integer twins ask for part (g) alone (fix_parts "unloaded-amax"), which the fix has for
+    0.48.0rc1 (harness.fix PARTS_ONLY_VERSIONS): they run there, the dry-run defect removed."""
+    for cell in _scenario(name).cells():
+        d = decision_module.decide(cell.plan, "0.48.0rc1", "0.19.2")
+        assert not d.skip and d.expected != DRY
 
 
 @pytest.mark.parametrize("name,kind,family,split", [

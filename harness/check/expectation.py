@@ -5,10 +5,11 @@ from __future__ import annotations
 from harness.check.layouts import Restore
 from harness.check.plan import CellPlan
 from harness.check.recipes import forecast
-from harness.check.versions import FAMILY_SPLIT, defect_covers, installed_mcore, model_defect, split_of
+from harness.check.versions import (FAMILY_SPLIT, RestoreDefect, defect_covers, installed_mcore,
+                                    model_defect, reference_reload, split_of)
 from harness.model.recipes import EXPERTS
 from harness.records import ExpectMode, Expected, Patch, Stage
-from harness.tiers import Backend
+from harness.tiers import Backend, on_cuda
 from harness.topology import oracle
 
 Kinds = dict[str, list[str]]  # module family -> the amax kinds of its weight quantizers
@@ -26,11 +27,31 @@ def expected(plan: CellPlan, behaviour) -> str:
     return expectation(plan, behaviour, kinds_for(plan, None), plan.fix_parts)[0]
 
 
+def restore_defect(plan: CellPlan, rules: dict, patched: bool) -> RestoreDefect | None:
+    """The defect of ModelOpt's restore (harness/check/versions.py RESTORE_DRY_RUN) a routed-expert
+    kind's rule carries, where a stage of the cell restores ModelOpt's state on TE grouped experts:
+    a load (a golden's included), or the save's reference reload (versions.reference_reload, as
+    harness/rank/stages.py save_stage decides it); else None."""
+    if plan.backend != Backend.TE:
+        return None  # the defect is the TE grouped linear's post-restore
+    experts = [r for (family, _), r in rules.items() if family == EXPERTS]
+    defect = next((r.restore_defect for r in experts if r.restore_defect), None)
+    if defect is None:
+        return None
+    restores = plan.load is not None or (not plan.golden and reference_reload(
+        patched, False, experts, plan.save.pp, on_cuda(plan.tier)))
+    return defect if restores else None
+
+
 def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
-                fix_parts: tuple[str, ...] = (), mcore: str | None = None) -> tuple[str, str | None]:
+                fix_parts: tuple[str, ...] = (), mcore: str | None = None,
+                restore_defects: bool = True) -> tuple[str, str | None]:
     """(pass | fail-save | fail-load | amax-lost | not-restored | reshard-refused |
-    mtp-embedding-refused | rule-unknown, and for rule-unknown from a kind or a model defect: one
-    line naming what has no rule). ``mcore``: the megatron-core that ran (None: the installed one).
+    mtp-embedding-refused | restore-dry-run | rule-unknown, and for rule-unknown from a kind or a
+    model defect: one line naming what has no rule; for restore-dry-run: one line naming the defect
+    and the expectation behind it). ``mcore``: the megatron-core that ran (None: the installed
+    one). ``restore_defects`` False: the expectation behind a restore defect (what the cell is
+    judged by where that nondeterministic defect did not fire, harness/check/judge.py).
 
     ``oracle`` mode: a pair with no rule, unknown kinds, or a (kind, family) the pair has no rule
     for predicts nothing; megatron-core's own refusal of a model tensor (MODEL_DEFECTS: MTP at
@@ -43,6 +64,14 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
     installed, harness/check/versions.py kind_rule); then, unpatched on TEGroupedMLP, the second bug where
     an expert kind has it: every local expert's weight-quantizer amax but expert 0's is gone after
     ``load_state_dict`` whenever a load rank holds more than one expert.
+
+    A defect of ModelOpt's restore a routed-expert kind's rule carries (``KindRule.restore_defect``:
+    the grouped post-restore's dry run on integer amax not yet loaded) decides the first stage
+    that restores ModelOpt's state, in the order the stages meet things: a save's model defect and
+    collision come first (its reference reload follows the save), then the save's reload, else the
+    load's restore (before anything the load's validation or verify meets); a golden cell's load
+    restores first of all. Nondeterministic: ``restore-dry-run`` means "passes (then judged by the
+    expectation behind it, named in the line), or dies of it".
     """
     if plan.recorded_expected is not None:
         return plan.recorded_expected, None
@@ -66,8 +95,19 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
             rules[family, kind] = rule
     experts = [r for (family, _), r in rules.items() if family == EXPERTS]
     patched = plan.patch == Patch.FIX
+    dry_run = restore_defect(plan, rules, patched) if restore_defects else None
+
+    def restore_refused() -> tuple[str, str]:
+        behind, why = expectation(plan, behaviour, kinds, fix_parts, mcore, restore_defects=False)
+        return Expected.RESTORE_DRY_RUN, (
+            f"{dry_run.label} (harness/check/versions.py RESTORE_DRY_RUN): nondeterministic, a "
+            f"stage that restores may die of it (known-refusal) or pass; where it passes the cell "
+            f"is judged as `{behind}`" + (f": {why}" if why else ""))
+
     if behaviour.cannot_save and plan.backend == Backend.TE:  # every sharded_state_dict call raises
         return (Expected.FAIL_LOAD if plan.golden else Expected.FAIL_SAVE), None
+    if plan.golden and dry_run:  # the golden's load restores ModelOpt's state first
+        return restore_refused()
     if plan.golden and not patched and behaviour.golden_restore.get(plan.golden_layout) != Restore.RESTORED:
         return Expected.NOT_RESTORED, None
     rule = "expert-tp" if patched else behaviour.replica_rule
@@ -90,6 +130,8 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
         return Expected.MTP_EMBEDDING_REFUSED, None
     if fails(save):
         return Expected.FAIL_SAVE, None
+    if dry_run:  # the save's reference reload, else the load's restore, before its validation
+        return restore_refused()
     if defect:  # at the load
         return Expected.MTP_EMBEDDING_REFUSED, None
     if load and fails(load):

@@ -54,7 +54,10 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
     elif cell.load is None:
         save_only(rec, save, cell.save, d, cell)
     elif not save.ok:
-        if not known_model_refusal(rec, save, cell.save, cell, blocked_by=cell.save.id):
+        if known_restore_refusal(rec, save, blocked_by=cell.save.id):
+            pass
+        elif not known_model_refusal(rec, save, cell.save, cell, blocked_by=cell.save.id):
+            judged_behind_restore_defect(rec, cell, d)
             blocked(rec, save, cell.save.id)
     elif load is None:
         rec.outcome, rec.reason = Outcome.SKIPPED, "load stage not run"
@@ -201,6 +204,40 @@ def known_model_refusal(rec: CellRecord, stage: StageResult, topology, cell: Cel
     return True
 
 
+def known_restore_refusal(rec: CellRecord, stage: StageResult, blocked_by: str | None = None) -> bool:
+    """A failed stage that is the restore defect the cell expects (``restore-dry-run``:
+    harness/check/versions.py RESTORE_DRY_RUN, by its own words in the first failure's message):
+    ``known-refusal`` with the defect's finding (and, for a load cell, that its save died of it,
+    in the reference reload that restores ModelOpt's state)."""
+    defect = versions.RESTORE_DRY_RUN
+    if (rec.expected != Expected.RESTORE_DRY_RUN or stage.ok or stage.timed_out
+            or stage.stage not in (Stage.SAVE, Stage.LOAD)
+            or not (stage.cause and defect.seen(stage.cause.message))):
+        return False
+    fill_failure(rec, stage)
+    rec.outcome = Outcome.KNOWN_REFUSAL
+    rec.reason = (f"blocked by the save at {blocked_by}, whose reload of its checkpoint died of "
+                  f"{defect.label}: " if blocked_by else "") + defect.finding
+    return True
+
+
+def judged_behind_restore_defect(rec: CellRecord, cell: CellPlan, d: CellDecision) -> None:
+    """Where ``restore-dry-run`` was expected and the defect did not fire (it is nondeterministic:
+    the stage passed, or failed of something else), the cell is judged by the expectation behind
+    it (the same rule without the restore defect), which the record then holds; its notice says
+    the defect was expected first and did not fire."""
+    if rec.expected != Expected.RESTORE_DRY_RUN:
+        return
+    from harness.check.expectation import expectation
+
+    behind, why = expectation(cell, d.behaviour, d.kinds, d.fix_parts, d.mcore, restore_defects=False)
+    rec.expected = behind
+    rec.notice = ((f"{why}; " if why else "")
+                  + f"{Expected.RESTORE_DRY_RUN} was expected first ({versions.RESTORE_DRY_RUN.label}, "
+                  "harness/check/versions.py RESTORE_DRY_RUN) and did not fire: it is "
+                  f"nondeterministic, so the cell is judged as `{behind}`")
+
+
 def model_defect_gone(rec: CellRecord, stage: str, topology) -> None:
     """A stage passed where megatron-core's model defect was expected: ``unexpected-pass`` (the
     defect is gone) only on evidence that every rank of ``topology`` ran it with validation on."""
@@ -278,6 +315,10 @@ def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str, d: Ce
 
 def save_only(rec: CellRecord, save: StageResult, topology, d: CellDecision,
               cell: CellPlan | None = None) -> None:
+    if known_restore_refusal(rec, save):
+        return
+    if cell is not None:
+        judged_behind_restore_defect(rec, cell, d)
     if not save.ok:
         if cell is None or not known_model_refusal(rec, save, topology, cell):
             failed_stage(rec, save, Expected.FAIL_SAVE, d)
@@ -383,6 +424,9 @@ def verify_problems(verify: dict, known_gaps) -> list[str]:
 def _load(rec: CellRecord, stage: StageResult, cell: CellPlan, d: CellDecision) -> None:
     """A load stage against the cell's expectation."""
     known_gaps = cell.known_gaps
+    if known_restore_refusal(rec, stage):  # its restore, before anything else the load meets
+        return
+    judged_behind_restore_defect(rec, cell, d)
     if not stage.ok:
         failed_stage(rec, stage, Expected.FAIL_LOAD, d)
         if rec.expected == Expected.NOT_RESTORED and not stage.timed_out and is_amax_refusal(stage.cause):

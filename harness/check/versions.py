@@ -13,7 +13,7 @@ A pair not listed gets ``UNKNOWN`` ("rule unknown"): nothing is predicted, its c
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -22,7 +22,7 @@ from harness.check.layouts import CkptLayout, GoldenLayout, Restore
 from harness.model.recipes import (EXPERTS, NO_AMAX, OTHER, PER_BLOCK, PER_CHANNEL, SCALAR,
                                    SHARED_EXPERTS, STATIC_BLOCK)
 from harness.records import Expected, Stage
-from harness.fix import PARTS_ONLY_VERSIONS, STATIC_BLOCK_PART
+from harness.fix import EXPERT_AMAX_PART, PARTS_ONLY_VERSIONS, STATIC_BLOCK_PART, UNLOADED_AMAX_PART
 
 # Layout of a grouped linear's weight quantizer in the checkpoint a release writes.
 SHARED, PER_EXPERT = CkptLayout.SHARED, CkptLayout.PER_EXPERT
@@ -101,6 +101,10 @@ class KindRule:
     save_refused_split: str | None = None
     source: str = ""
     checked_on: str = ""
+    # A defect of ModelOpt's own that every stage restoring its state meets with this kind
+    # (RESTORE_DRY_RUN: the grouped post-restore's dry run on amax nothing has loaded yet), or
+    # None. Set by ``Behaviour.kind_rule`` for the pair and the fix's parts, never by hand.
+    restore_defect: "RestoreDefect | None" = None
 
 
 # How each module family's weights are split: routed experts over expert TP, shared experts and
@@ -287,14 +291,19 @@ _NO_AMAX_SOURCE = (
     "TEGroupedLinear builds with the expert groups, as for every other recipe")
 
 
-def per_channel_expert_rule(drops_on_reload: bool, source: str) -> KindRule:
+def per_channel_expert_rule(drops_on_reload: bool, source: str,
+                            restore_defect: "RestoreDefect | None" = None) -> KindRule:
+    """``restore_defect``: RESTORE_DRY_RUN where the release's restore reaches it unpatched."""
     return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, reshard=None,
-                    source=_PER_CHANNEL_EXPERTS + source + "; " + _EXPERT_RESHARD_UNDECIDED)
+                    source=_PER_CHANNEL_EXPERTS + source + "; " + _EXPERT_RESHARD_UNDECIDED,
+                    restore_defect=restore_defect)
 
 
-def per_block_expert_rule(drops_on_reload: bool, source: str) -> KindRule:
+def per_block_expert_rule(drops_on_reload: bool, source: str,
+                          restore_defect: "RestoreDefect | None" = None) -> KindRule:
     return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, reshard=None,
-                    source=_PER_BLOCK_EXPERTS + source + "; " + _EXPERT_RESHARD_UNDECIDED)
+                    source=_PER_BLOCK_EXPERTS + source + "; " + _EXPERT_RESHARD_UNDECIDED,
+                    restore_defect=restore_defect)
 
 
 def no_amax_rule() -> KindRule:
@@ -409,6 +418,89 @@ def defect_covers(defect: ModelDefect, mcore: str | None) -> bool:
 
 
 @dataclass(frozen=True)
+class RestoreDefect:
+    """A defect of nvidia-modelopt's own restore, met by every stage that restores its state (the
+    load stages, and the save stage's reference reload) with an amax kind it reaches: not the
+    collision, not a property of the checkpoint. It is nondeterministic where it reads memory
+    nothing initialised, so a stage may pass: expected ``Expected.RESTORE_DRY_RUN`` ("passes, or
+    dies of it"), judged ``known-refusal`` on its own words (``texts``), and by the expectation
+    behind it where it did not fire."""
+
+    label: str
+    texts: tuple[str, ...]  # what the stage's first failure says when it is this defect
+    source: str
+    finding: str  # the record's reason when it is seen where predicted
+    checked_on: str = ""
+
+    def seen(self, message: str | None) -> bool:
+        return any(t in (message or "") for t in self.texts)
+
+
+# ModelOpt's grouped post-restore dry run on amax that torch.empty made (issue 52 item 3; the
+# fix's part (g), moe_ckpt_fix/unloaded_amax.py). Read in nvidia-modelopt 0.47.0 and 0.48.0rc1
+# (paths under modelopt/torch/): the restore makes each quantizer buffer with torch.empty
+# (quantization/nn/modules/tensor_quantizer.py _reset_pytorch_state_from_metadata, 0.47.0 :1361,
+# 0.48.0rc1 :1364); the checkpoint's values load only afterwards (megatron-core's
+# dist_checkpointing.load). Before that, _QuantTEGroupedLinear.modelopt_post_restore
+# (quantization/plugins/transformer_engine.py:173-233, both releases) runs each expert's weight
+# quantizer on its weight (wq_i(weight_i), :207) for every member that still has an _amax, and
+# re-raises any error that is not a shape mismatch (a "device-side" one included). Integer fake
+# quantization asserts amax >= 0 on the device (kernels/quantization/gemm/tensor_quant_gpu.cu:44
+# CUDA_KERNEL_ASSERT(amax >= 0); without the CUDA extension quantization/tensor_quant.py 0.47.0
+# :618-620, 0.48.0rc1 :631-633 raise ValueError "Negative values in amax"): uninitialised memory
+# holding a negative value or a NaN ends the stage with a device-side assert, reported by the next
+# synchronising call (the GPU run showed it in _ParallelLinear.modelopt_post_restore through
+# calib/max.py). The members keep an _amax there where the reset passes GroupedQuantizer by:
+# 0.48.0rc1 itself (quantization/plugins/custom.py:180-186), and 0.47.0 under the fix's part (b)
+# (EXPERT_AMAX_PART, which mirrors it); unpatched 0.47.0 resets every member and re-calibrates
+# member 0 first (custom.py:177-181), so only expert 0 has an _amax, a calibrated one. The fix's
+# part (g) (UNLOADED_AMAX_PART) sets every negative or NaN entry to 0 before the dry run. Routed
+# experts only (the grouped linear's dry run); dense linears re-calibrate from their weight first.
+RESTORE_DRY_RUN = RestoreDefect(
+    label="the grouped post-restore's dry run on expert amax not yet loaded",
+    texts=("device-side assert", "Negative values in amax"),
+    source=("nvidia-modelopt 0.47.0 / 0.48.0rc1 quantization/plugins/transformer_engine.py:173-233 "
+            "(_QuantTEGroupedLinear.modelopt_post_restore: wq_i(weight_i) at :207 on the _amax "
+            "torch.empty made, nn/modules/tensor_quantizer.py 0.47.0 :1361, 0.48.0rc1 :1364, before "
+            "the checkpoint's values load); kernels/quantization/gemm/tensor_quant_gpu.cu:44 asserts "
+            "amax >= 0 (tensor_quant.py 0.48.0rc1 :631-633 without the extension: 'Negative values "
+            "in amax'); reached where members keep their amax through the reset: 0.48.0rc1 "
+            "plugins/custom.py:180-186, 0.47.0 with the fix's part (b); fixed by part (g) "
+            "(moe_ckpt_fix/unloaded_amax.py)"),
+    finding=("nvidia-modelopt's _QuantTEGroupedLinear.modelopt_post_restore "
+             "(plugins/transformer_engine.py:173-233) dry-runs each expert's integer weight "
+             "quantizer on the _amax torch.empty made before the checkpoint's values load; the "
+             "CUDA kernel asserts amax >= 0 (kernels/quantization/gemm/tensor_quant_gpu.cu:44), so "
+             "uninitialised memory ends the restore with a device-side assert (nondeterministic); "
+             "a defect of ModelOpt's, not the collision; the fix's part (g) "
+             f"({UNLOADED_AMAX_PART}) removes it"),
+)
+# The routed experts' amax kinds integer fake quantization handles (the kernel's amax >= 0 assert).
+DRY_RUN_KINDS = (PER_CHANNEL, PER_BLOCK)
+
+
+def measures_logits(pp: int, cuda: bool) -> bool:
+    """Whether a stage measures logits (harness/rank/stages.py): at pp > 1 the forward goes
+    through megatron-core's pipeline schedule, which allocates its receive buffers on CUDA."""
+    return pp == 1 or cuda
+
+
+def reload_keeps_state(patched: bool, local: bool, expert_rules: list) -> bool:
+    """Whether a save's reload of its checkpoint keeps ModelOpt's state, so its logits are a
+    reference: patched, the local backend, or every routed-expert kind with a rule that loses
+    nothing on reload (unpatched 0.47.0's second bug leaves no trustworthy reference)."""
+    if patched or local:
+        return True
+    return bool(expert_rules) and all(r is not None and not r.lost_on_reload for r in expert_rules)
+
+
+def reference_reload(patched: bool, local: bool, expert_rules: list, pp: int, cuda: bool) -> bool:
+    """Whether a save stage reads its checkpoint back into a model built afresh (its reference
+    logits, harness/rank/stages.py save_stage), i.e. restores ModelOpt's state a second time."""
+    return measures_logits(pp, cuda) and reload_keeps_state(patched, local, expert_rules)
+
+
+@dataclass(frozen=True)
 class Behaviour:
     """The rule of one (nvidia-modelopt, megatron-core) pair."""
 
@@ -450,6 +542,10 @@ class Behaviour:
     # Rules per amax kind of the routed experts under the fix's opt-in part (f), for a cell whose
     # ranks installed it (``kind_rule``'s ``fix_parts``); a kind not listed keeps ``kinds``'.
     fixed_kinds: dict[str, KindRule] = field(default_factory=dict)
+    # A GroupedQuantizer's members keep their amax through modelopt_post_restore's reset (0.48.0rc1
+    # plugins/custom.py:180-186): the restore's dry run (RESTORE_DRY_RUN) reads what torch.empty
+    # made. 0.47.0 resets them (custom.py:177-181), unless the fix's part (b) is installed.
+    members_keep_amax: bool = False
 
     def kind_rule(self, kind: str | None, family: str = EXPERTS,
                   fix_parts: tuple[str, ...] | list[str] = ()) -> KindRule | None:
@@ -464,7 +560,18 @@ class Behaviour:
             return self.fixed_kinds[kind]
         if kind == SCALAR and SCALAR not in self.kinds:
             return scalar_rule(self.drops_expert_amax_on_reload)
-        return self.kinds.get(kind or "")
+        rule = self.kinds.get(kind or "")
+        if rule is None or kind not in DRY_RUN_KINDS:
+            return rule
+        defect = RESTORE_DRY_RUN if self.restore_dry_run(fix_parts) else None
+        return rule if rule.restore_defect is defect else replace(rule, restore_defect=defect)
+
+    def restore_dry_run(self, fix_parts: tuple[str, ...] | list[str] = ()) -> bool:
+        """Whether the routed experts' integer amax meet RESTORE_DRY_RUN under the fix's
+        ``fix_parts`` (none: unpatched): the members keep an amax through the reset (the release's
+        own, or the fix's part (b)) and part (g) is not installed."""
+        keeps = self.members_keep_amax or EXPERT_AMAX_PART in fix_parts
+        return keeps and UNLOADED_AMAX_PART not in fix_parts
 
     def fix_runs(self, parts: tuple[str, ...] | list[str] = ()) -> bool:
         """Whether harness.fix patches this pair for a scenario needing ``parts``: the whole fix,
@@ -510,13 +617,16 @@ class Behaviour:
         return None
 
 
-def _expert_kinds(lost_on_reload: bool, source: str) -> dict[str, KindRule]:
+def _expert_kinds(lost_on_reload: bool, source: str, restore_dry_run: bool = False) -> dict[str, KindRule]:
     """The routed experts' rules per amax kind where the per-expert grouped plugin holds (0.47.0,
     0.48.0rc1; mcore 0.16.x|0.19.2): the channel and block kinds share the scalar's replica ids,
-    ``lost_on_reload`` where post-restore re-calibrates through expert 0, ``source`` says why."""
+    ``lost_on_reload`` where post-restore re-calibrates through expert 0, ``source`` says why;
+    ``restore_dry_run`` where the release's own restore meets RESTORE_DRY_RUN (unpatched; under
+    the fix, ``Behaviour.kind_rule`` decides by its parts)."""
+    defect = RESTORE_DRY_RUN if restore_dry_run else None
     return {STATIC_BLOCK: static_block_rule(),
-            PER_CHANNEL: per_channel_expert_rule(lost_on_reload, source),
-            PER_BLOCK: per_block_expert_rule(lost_on_reload, source),
+            PER_CHANNEL: per_channel_expert_rule(lost_on_reload, source, defect),
+            PER_BLOCK: per_block_expert_rule(lost_on_reload, source, defect),
             NO_AMAX: no_amax_rule()}
 
 
@@ -577,7 +687,8 @@ KNOWN = (
         label="0.48.0rc1 + mcore 0.16.x|0.19.2", specifier="==0.48.0rc1", layout=PER_EXPERT,
         replica_rule="expert-tp", drops_expert_amax_on_reload=False,
         golden_restore=_GOLDENS_PER_EXPERT, plugin_needs_te=True,
-        kinds=_expert_kinds(False, _EXPERT_ENTRIES_048 + "; " + _NO_SECOND_BUG_048),
+        kinds=_expert_kinds(False, _EXPERT_ENTRIES_048 + "; " + _NO_SECOND_BUG_048, restore_dry_run=True),
+        members_keep_amax=True,  # custom.py:180-186: RESTORE_DRY_RUN for its integer expert kinds
         dense_kinds=_DENSE_WITH_STATIC,
         # the fix has only part (f) for 0.48.0rc1: a patched cell whose scenario needs (f) runs,
         # one that needs the whole fix is skipped
@@ -592,7 +703,7 @@ KNOWN = (
         label="0.48.0rc1 + mcore 0.15", specifier="==0.48.0rc1", mcore=MCORE_DECORATOR_ERA,
         layout=PER_EXPERT, replica_rule="expert-tp", shared_rule="expert-tp-dense-dp",
         drops_expert_amax_on_reload=False, golden_restore=_GOLDENS_PER_EXPERT,
-        plugin_needs_te=True,
+        plugin_needs_te=True, members_keep_amax=True,
         cannot_save="TypeError: make_sharded_tensors_for_checkpoint() got an unexpected keyword "
                     "argument 'tp_group'",
         source=_SRC_048 + "; megatron-core 0.15.3 transformer/utils.py:76-82 has no tp_group "

@@ -29,7 +29,9 @@ def _measures_logits(spec: StageSpec) -> bool:
     """At pp > 1 the forward goes through megatron-core's pipeline schedule, which allocates its
     receive buffers on CUDA: no logits at pp > 1 on the cpu tier. Tier gpu-shared sends the
     activations through host memory (harness/model/host_p2p.py), tier gpu through NCCL."""
-    return spec.topo.pp == 1 or on_cuda(spec.tier)
+    from harness.check.versions import measures_logits
+
+    return measures_logits(spec.topo.pp, on_cuda(spec.tier))
 
 
 def save_stage(spec: StageSpec) -> dict:
@@ -120,17 +122,21 @@ def _reload_keeps_state(spec: StageSpec, kinds: dict) -> bool:
     """Unpatched ModelOpt 0.47.0 drops per-expert amax of TEGroupedMLP on reload (the second
     bug, for the amax kinds its rule says), so such a checkpoint has no trustworthy reference
     logits; nor has one whose routed experts' kinds (``kinds``: what the calibration made)
-    have no rule."""
+    have no rule. The rule is harness/check/versions.py reload_keeps_state, which the expectation
+    reads too (a reload restores ModelOpt's state: versions.RESTORE_DRY_RUN)."""
+    from harness.check.versions import reload_keeps_state
+
+    patched, local = spec.patch == Patch.FIX, spec.backend == Backend.LOCAL
+    if patched or local:
+        return reload_keeps_state(patched, local, [])
     import modelopt
 
     from harness.check.versions import behaviour_for
     from harness.model.recipes import EXPERTS
 
-    if spec.patch == Patch.FIX or spec.backend == Backend.LOCAL:
-        return True
     behaviour = behaviour_for(modelopt.__version__)
     rules = [behaviour.kind_rule(kind, EXPERTS) for kind in kinds.get(EXPERTS, ())]
-    return bool(rules) and all(r is not None and not r.lost_on_reload for r in rules)
+    return reload_keeps_state(False, False, rules)
 
 
 class CheckpointFormatError(RuntimeError):
