@@ -743,7 +743,11 @@ def behaviour_for(version: str | None, mcore: str | None = None) -> Behaviour:
     return rules_for(version, mcore or installed_mcore())
 
 
+@functools.cache
 def _installed(distribution: str) -> str | None:
+    """The installed version of ``distribution``, once per process: it does not change while one
+    runs, and checking the scenarios asks for it per scenario (276 look-ups, 0.25 s of every
+    ``verdict``)."""
     import importlib.metadata as md
 
     try:

@@ -43,7 +43,16 @@ DEFAULT_STRICTNESS = "assume_ok_unexpected"  # megatron-core's and Megatron-LM's
 
 
 def strictness_values() -> tuple[str, ...]:
-    """megatron-core's StrictHandling values (Megatron-LM's --dist-ckpt-strictness choices)."""
+    """megatron-core's StrictHandling values (Megatron-LM's --dist-ckpt-strictness choices).
+
+    The enum is run from the installed source (harness/topology/mcore_source.py), not imported:
+    every command that reads the scenarios checks a scenario's strictness, and importing
+    megatron.core would cost the read-only ones (``verdict``, the gate) 3-6 s each (issue 55)."""
+    from harness.topology import mcore_source
+
+    found = mcore_source.definitions("dist_checkpointing.validation", ("StrictHandling",))
+    if found:
+        return tuple(v.value for v in found["StrictHandling"])
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     return tuple(v.value for v in StrictHandling)

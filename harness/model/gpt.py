@@ -8,16 +8,21 @@ Sizes are small so a cell runs in seconds; the checkpoint metadata shape (keys, 
 amax, replica ids) is what matters and does not depend on size. The Nemotron-3 modules (shared
 experts, sigmoid router with expert bias, MTP, latent MoE, the hybrid Mamba model) are optional
 ``ModelSize`` fields, all off by default: harness/model/modules.py.
+
+torch is imported by the functions that build or run the model, not here: ``ModelSize`` is read
+by the controller's read-only commands (``verdict``, the gate), which then start in a fraction
+of a second instead of paying torch's import (about 1 s, issue 55).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
-import torch
-
-from harness.model import host_p2p
 from harness.tiers import Backend
 from harness.topology.topology import Topology
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, repr=False)
@@ -137,9 +142,10 @@ GOLDEN_SIZE = ModelSize(hidden_size=128, ffn_hidden_size=256, moe_ffn_hidden_siz
 
 
 def transformer_config(topo: Topology, size: ModelSize, backend: str):
+    import torch
     from megatron.core.transformer import TransformerConfig
 
-    from harness.model import modules
+    from harness.model import host_p2p, modules
     from harness.model.mcore_shims import shim_config_warnings
 
     shim_config_warnings()  # megatron-core 0.15.x only (NameError at EP > 1, TP > 1)
@@ -196,6 +202,7 @@ def layer_spec(size: ModelSize, backend: str):
 
 def build_gpt(topo: Topology, size: ModelSize, backend: str, seed: int = 1234):
     """Build the model for this rank; parallel_state must already be initialised for ``topo``."""
+    import torch
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -240,6 +247,8 @@ def _mtp(config, spec, backend: str) -> dict:
 
 def sample_batch(size: ModelSize, seed: int, device) -> dict:
     """A seeded batch, identical on every rank (so every topology sees the same tokens)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     b, s = size.micro_batch_size, size.seq_length
     tokens = torch.randint(0, size.vocab_size, (b, s), generator=g)
@@ -266,6 +275,7 @@ def forward(model, batch: dict, bf16_autocast: bool = True) -> torch.Tensor | No
     megatron-core runs the MTP block, then keeps only the first chunk of the hidden states for the
     output layer, the MTP chunks feeding only their loss (transformer/multi_token_prediction.py
     process_mtp_loss, :804-805: with no labels it derives them from input_ids, :810-816)."""
+    import torch
     from megatron.core import parallel_state as ps
 
     with torch.no_grad(), _autocast(bf16_autocast):
@@ -290,6 +300,8 @@ def forward(model, batch: dict, bf16_autocast: bool = True) -> torch.Tensor | No
 
 def _autocast(on: bool = True):
     import contextlib
+
+    import torch
 
     if on and torch.cuda.is_available():
         return torch.autocast("cuda", dtype=torch.bfloat16)

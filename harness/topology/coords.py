@@ -3,12 +3,16 @@
 The controller and the collision-map oracle need to know, for every global rank of a topology,
 its dense TP/DP rank and its expert TP/EP/DP rank without starting any process. Re-deriving
 Megatron's rank layout by hand would silently drift from it, so this asks the real generator
-with the same default order ``initialize_model_parallel`` uses.
+with the same default order ``initialize_model_parallel`` uses: the installed megatron-core's own
+``RankGenerator``, run from its source (mcore_source.py) so that judging does not import
+megatron.core, else imported.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
+from harness.topology import mcore_source
 from harness.topology.topology import Topology
 
 MEGATRON_DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -25,13 +29,31 @@ class RankCoords:
     edp: int  # expert data-parallel rank
 
 
-def rank_coords(topo: Topology, order: str = MEGATRON_DEFAULT_ORDER) -> list[RankCoords]:
+def _rank_generator(imported: bool = False) -> type:
+    """megatron-core's ``parallel_state.RankGenerator``: run from the installed source, unless
+    megatron-core is imported already (a rank) or ``imported`` is asked; else imported."""
+    if not imported and "megatron.core.parallel_state" not in sys.modules:
+        found = mcore_source.definitions(
+            "parallel_state", ("generate_masked_orthogonal_rank_groups", "RankGenerator"))
+        if found:
+            return found["RankGenerator"]
     from megatron.core.parallel_state import RankGenerator
 
+    return RankGenerator
+
+
+def rank_coords(topo: Topology, order: str = MEGATRON_DEFAULT_ORDER) -> list[RankCoords]:
+    try:
+        return _rank_coords(topo, order, _rank_generator())
+    except NameError:  # a release whose generator uses more of its module than the source run has
+        return _rank_coords(topo, order, _rank_generator(imported=True))
+
+
+def _rank_coords(topo: Topology, order: str, generator: type) -> list[RankCoords]:
     topo.check()
     w = topo.world_size
-    dense = RankGenerator(tp=topo.tp, ep=1, dp=topo.dp, pp=topo.pp, cp=1, order=order)
-    expert = RankGenerator(tp=topo.etp, ep=topo.ep, dp=topo.edp, pp=topo.pp, cp=1, order=order)
+    dense = generator(tp=topo.tp, ep=1, dp=topo.dp, pp=topo.pp, cp=1, order=order)
+    expert = generator(tp=topo.etp, ep=topo.ep, dp=topo.edp, pp=topo.pp, cp=1, order=order)
 
     def position(gen, token: str) -> dict[int, int]:
         return {r: i for group in gen.get_ranks(token) for i, r in enumerate(group)}
