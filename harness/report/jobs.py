@@ -253,15 +253,17 @@ def _forecast(refs: list[str], timeout_s: float = 300.0) -> dict:
     import subprocess
     import sys
 
+    from harness.launch import bounded
     from harness.paths import REPO_ROOT
     from harness.rank.recipe_survey import FORECAST_ONLY, PREFIX
 
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    try:
-        done = subprocess.run([sys.executable, "-m", "harness.rank.recipe_survey", FORECAST_ONLY, *refs],
-                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the recipe survey ran past {timeout_s:.0f} s") from None
+    # bounded: the survey starts a process group of its own (gloo); a timeout kills all of it
+    done = bounded.run([sys.executable, "-m", "harness.rank.recipe_survey", FORECAST_ONLY, *refs],
+                       timeout_s, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    if done.timed_out:
+        raise RuntimeError(f"the recipe survey ran past {timeout_s:.0f} s")
     line = next((l for l in done.stdout.splitlines() if l.startswith(PREFIX)), None)
     if done.returncode != 0 or line is None:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
