@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.launch import bounded  # noqa: E402
+from harness import bounded  # noqa: E402
 from harness.records import Outcome  # noqa: E402
 from harness.scenario.selections import bench_choice  # noqa: E402
 

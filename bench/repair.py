@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.launch import bounded  # noqa: E402
+from harness import bounded  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1800

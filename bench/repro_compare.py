@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.launch import bounded  # noqa: E402
+from harness import bounded  # noqa: E402
 
 SIDE_TIMEOUT_S = 1800  # one repro; the GPU one takes 60-130 s, the cpu one 40-100 s
 

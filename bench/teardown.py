@@ -216,7 +216,7 @@ def main() -> None:
 def gpu_processes() -> str:
     import subprocess
 
-    from harness.launch import bounded
+    from harness import bounded
 
     r = bounded.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
                     timeout_s=30, stdout=subprocess.PIPE, text=True)

@@ -1,7 +1,7 @@
 """What several test modules share, so no test module imports another (an import runs that
 module's top level, its skips and probes, inside the importing one, and ties the two together).
 
-Processes run through harness/launch/bounded.py; what is test-only is that a timeout fails the
+Processes run through harness/bounded.py; what is test-only is that a timeout fails the
 test, and the facts of the interrupt tests and of tools/gitlab-ci-local.sh.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from harness.launch import bounded as bounded_process
+from harness import bounded as bounded_process
 from harness.paths import REPO_ROOT
 
 # tools/gitlab-ci-local.sh: the pin is its default unless GITLAB_CI_LOCAL_VERSION overrides it

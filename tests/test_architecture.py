@@ -67,7 +67,7 @@ def _graph() -> dict[str, dict[str, set[str]]]:
 
 def test_every_module_sits_in_a_package_or_is_a_known_top_level_module():
     top = {p.stem for p in HARNESS.glob("*.py")}
-    assert top == {"__init__", "__main__", "cli", "commands", "machine", "paths", "jsonfile", "records", "tiers", "switches"}, top
+    assert top == {"__init__", "__main__", "cli", "commands", "machine", "paths", "jsonfile", "records", "tiers", "switches", "bounded"}, top
     assert {p.name for p in HARNESS.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(PACKAGES)
 
 

@@ -152,7 +152,7 @@ def test_a_sigterm_to_the_bench_takes_its_running_stage_down(tmp_path):
     import signal
     import subprocess
 
-    from harness.launch import bounded as bounded_process
+    from harness import bounded as bounded_process
     from harness.paths import REPO_ROOT
     from tests.helpers import TEARDOWN_LIMIT_S, interrupt_once_staged, stage_processes, wait_for
 

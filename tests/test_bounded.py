@@ -1,4 +1,4 @@
-"""harness/launch/bounded.py: a child past its limit is killed with every process it started,
+"""harness/bounded.py: a child past its limit is killed with every process it started,
 and the caller learns it (``timed_out``) or gets ``TimeoutExpired`` when it asks for one."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from harness.launch import bounded
+from harness import bounded
 
 pytestmark = pytest.mark.cpu
 

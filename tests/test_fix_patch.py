@@ -22,7 +22,7 @@ import torch
 
 import harness.fix as fix
 from moe_ckpt_fix import modelopt_0_47_0 as fx
-from harness.launch.bounded import Finished
+from harness.bounded import Finished
 from tests.helpers import bounded
 from tests.rank_programs.static_block_reshard import Group  # stands in for a ProcessGroup
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.launch import bounded as bounded_process
-from harness.launch.bounded import Finished
+from harness import bounded as bounded_process
+from harness.bounded import Finished
 from harness.paths import REPO_ROOT
 from tests.helpers import GITLAB_CI_LOCAL, GITLAB_CI_LOCAL_VERSION, MISSING_PREREQUISITE, bounded
 

@@ -22,7 +22,7 @@ import os
 
 import pytest
 
-from harness.launch.bounded import Finished
+from harness.bounded import Finished
 from harness.paths import REPO_ROOT
 from tests.helpers import GITLAB_CI_LOCAL, GITLAB_CI_LOCAL_VERSION, MISSING_PREREQUISITE, bounded
 

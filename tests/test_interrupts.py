@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from harness.launch import bounded as bounded_process
+from harness import bounded as bounded_process
 from harness.paths import REPO_ROOT
 from tests.helpers import (CPU_SAVE_ONLY_CELL, TEARDOWN_LIMIT_S, bounded, interrupt_a_hung_stage,
                            stage_processes, start_cli)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from harness.launch import bounded
+from harness import bounded
 from harness.paths import REPO_ROOT
 
 pytestmark = pytest.mark.cpu

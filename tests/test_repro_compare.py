@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.launch.bounded import Finished
+from harness.bounded import Finished
 from tests.helpers import bounded
 
 pytestmark = pytest.mark.cpu

@@ -225,7 +225,7 @@ def test_a_killed_controller_takes_its_warm_parent_and_stages_with_it(tmp_path):
     import signal
     import sys
 
-    from harness.launch import bounded as bounded_process
+    from harness import bounded as bounded_process
     from harness.paths import REPO_ROOT
     from tests.helpers import wait_for
 

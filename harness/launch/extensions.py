@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness.launch import bounded
+from harness import bounded
 from harness.machine import version
 from harness.model.recipes import DEFAULT_RECIPE
 

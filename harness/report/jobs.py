@@ -247,26 +247,27 @@ def _survey_kinds(ref: str, where: str) -> dict[str, list[str]]:
 
 def _forecast(refs: list[str], timeout_s: float = 300.0) -> dict:
     """The recipe survey's forecast of ``refs`` (harness/rank/recipe_survey.py --forecast-only),
-    in a process of its own: it builds the cpu model and initialises a process group."""
+    in a process of its own, bounded (its whole group killed past ``timeout_s``): it builds the
+    cpu model and initialises a process group. (harness/run/recipes.py runs the whole survey the
+    same way; report/ may not import run/, which imports report/.)"""
     import json
     import os
     import subprocess
     import sys
 
-    from harness.launch import bounded
+    from harness import bounded
     from harness.paths import REPO_ROOT
     from harness.rank.recipe_survey import FORECAST_ONLY, PREFIX
 
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    # bounded: the survey starts a process group of its own (gloo); a timeout kills all of it
     done = bounded.run([sys.executable, "-m", "harness.rank.recipe_survey", FORECAST_ONLY, *refs],
                        timeout_s, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True)
+    line = next((l for l in (done.stdout or "").splitlines() if l.startswith(PREFIX)), None)
     if done.timed_out:
         raise RuntimeError(f"the recipe survey ran past {timeout_s:.0f} s")
-    line = next((l for l in done.stdout.splitlines() if l.startswith(PREFIX)), None)
     if done.returncode != 0 or line is None:
-        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        tail = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"the recipe survey failed (exit {done.returncode}): {tail[0]}")
     return json.loads(line[len(PREFIX):])
 

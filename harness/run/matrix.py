@@ -17,7 +17,7 @@ environment; in it the matrix runs
     with the reason where the version's plugin needs TE). GPU cells skip without a GPU.
   * ``oracle``: the oracle-vs-real-validation test for world 2 (megatron-core only: a control).
 Every step runs in its own process session with a timeout and is killed with its children
-(harness/launch/bounded.py); the tables are harness/report/matrix_table.py.
+(harness/bounded.py); the tables are harness/report/matrix_table.py.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.launch import bounded
+from harness import bounded
 from harness.paths import REPO_ROOT, RESULTS_DIR, RunDir
 from harness.records import UNEXPECTED_OUTCOMES, Outcome, RunResults
 from harness.report.matrix_table import (COLUMNS, TableEntry, cells_from_results, first_problem,
@@ -108,7 +108,7 @@ def cell_from_pytest(rc: int | None, output: str) -> TableEntry:
 
 
 def _run(cmd: list[str], timeout_s: float, log: Path, env: dict | None = None) -> tuple[int | None, str]:
-    """``cmd`` bounded (harness/launch/bounded.py), its output in ``log``: (rc, or None when it
+    """``cmd`` bounded (harness/bounded.py), its output in ``log``: (rc, or None when it
     timed out and its session was killed, SIGTERM first; the output)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     # The repository first, the host's own entries kept (a GPU host's stack lives on PYTHONPATH).

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from harness.launch.bounded import run
+from harness.bounded import run
 from harness.paths import REPO_ROOT
 from harness.rank.recipe_survey import PREFIX
 

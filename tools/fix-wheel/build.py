@@ -24,7 +24,7 @@ TIMEOUT_S = 300
 def build(out_dir: Path) -> Path:
     """The wheel, written into ``out_dir`` (a wheel of the same name there is replaced)."""
     sys.path.insert(0, str(REPO))
-    from harness.launch import bounded
+    from harness import bounded
     from moe_ckpt_fix import WHEEL
 
     out_dir = Path(out_dir).resolve()
