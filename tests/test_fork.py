@@ -36,6 +36,53 @@ def test_the_warm_parent_names_the_import_that_makes_it_unforkable(tmp_path, mon
     assert ready["refuses_fork"].startswith("after importing starts_a_thread: Python threads"), ready
 
 
+def test_the_warm_parent_refuses_a_preload_that_poisons_forks(tmp_path, monkeypatch):
+    """torch's bad-fork state without CUDA initialized (the GPU host's preload, 2026-12-06: every
+    forked rank raised 'Cannot re-initialize CUDA in forked subprocess'): a forked probe child
+    sees it, and ready.json names the import after which it holds."""
+    import torch
+
+    if threading.active_count() > 1:
+        pytest.skip("this pytest process runs other threads already")
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", torch.cuda._is_in_bad_fork)  # restored after
+    (tmp_path / "poisons_forks.py").write_text(
+        "import torch\ntorch.cuda._is_in_bad_fork = lambda: True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(TABLE, Tier.GPU, dataclasses.replace(
+        TABLE[Tier.GPU], fork_preload=("torch", "poisons_forks")))
+    assert warm.child_in_bad_fork() is False
+    ready = warm.preload("gpu", "none")
+    assert ready["refuses_fork"].startswith(
+        "after importing poisons_forks: a forked child is in torch's bad-fork state"), ready
+
+
+def test_a_refusing_parents_stages_start_fresh_torchrun(monkeypatch, tmp_path, capsys):
+    """HARNESS_STAGE_MODE=fork where the parent refuses: each stage runs as fresh torchrun would
+    (the same run_stage call), the refusal printed once, not a failed stage."""
+    from pathlib import Path
+
+    from harness.launch import warm as launch_warm
+
+    class Refusing:
+        dir, ready = tmp_path / "fork-gpu-none-1", {"refuses_fork": "poisoned"}
+
+        def refusal(self, wait_s):
+            return "poisoned"
+
+        def run(self, *a, **kw):
+            raise AssertionError("a refusing parent was handed a stage")
+
+    calls = []
+    parents = launch_warm.WarmParents()
+    monkeypatch.setattr(parents, "get", lambda key: Refusing())
+    monkeypatch.setattr(launch_warm, "run_stage", lambda *a, **kw: calls.append((a, kw)) or "fresh")
+    for _ in range(2):
+        assert parents.run("key", "save", Path(tmp_path / "s"), 2, ["spec.json"], 60.0, {"A": "1"},
+                           grace_s=1.0) == "fresh"
+    assert calls[0] == (("save", tmp_path / "s", 2, ["spec.json"], 60.0, {"A": "1"}), {"grace_s": 1.0})
+    assert capsys.readouterr().err.count("poisoned; its stages start fresh torchrun") == 1
+
+
 def test_the_agents_exit_blocks_and_close_lines_read_as_torchruns():
     """report_exits' block and torch's two wordings for signalling a forked rank."""
     text = ("[warm] rank exit seen by the stage agent:\n[3]:\n  rank      : 3 (local_rank: 3)\n"

@@ -34,9 +34,10 @@ from harness.launch.nodes import rendezvous_port
 from harness.launch.pool import STOP_WAIT_S, PoolKey, pool_processes
 from harness.launch.signals import shutdown_signal
 from harness.launch.teardown import POLL_S, end_session, kill_and_wait
-from harness.launch.torchrun import StageRun, not_started, supervise
+from harness.launch.torchrun import StageRun, not_started, run_stage, supervise
 from harness.paths import REPO_ROOT, RunDir
 from harness.rank.guard import stack_file_pids
+from harness.tiers import facts
 
 
 def parent_key(tier: str, patch: str, backend: str, root: Path, extra_env: dict | None = None) -> PoolKey:
@@ -118,6 +119,11 @@ class WarmParent:
         env.pop("HARNESS_STAGE_TIMEOUT_S")
         env.update(self.marks(), HARNESS_POOL_OWNER=str(os.getpid()),
                    HARNESS_POOL_TIER=self.key.tier, HARNESS_POOL_PATCH=self.key.patch)
+        if facts(self.key.tier).cuda:
+            # torch.cuda.is_available() asks the CUDA runtime (and poisons every later fork:
+            # torch/csrc/cuda/Module.cpp poison_fork) unless told to ask NVML; the GPU tiers'
+            # preload calls it (the H100 host, 2026-12-06: forked ranks could not use CUDA)
+            env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         self.started_at = time.time()
         with open(self.dir / "parent.log", "wb") as log:
             self.proc = subprocess.Popen([self.python, "-m", "harness.rank.warm", str(self.dir)],
@@ -139,16 +145,25 @@ class WarmParent:
         """The parent's ready.json (its preload time, whether it refuses to fork), once written."""
         return read_json(self.dir / "ready.json", default=None)
 
+    def refusal(self, wait_s: float) -> str | None:
+        """Why the parent refuses to fork ranks (ready.json), waiting up to ``wait_s`` for its
+        preload; None: it forks, or it died or is not ready by then (the stage then finds out)."""
+        deadline = time.time() + wait_s
+        while self.ready is None and self.alive and time.time() < deadline and not shutdown_signal():
+            time.sleep(POLL_S)
+        return (self.ready or {}).get("refuses_fork")
+
     def run(self, stage: str, stage_dir: Path, nproc: int, rank_args: list[str], timeout_s: float,
             env: dict | None = None, *, rank_module: str = "harness.rank", grace_s: float = 3.0,
-            pg_timeout_s: float | None = None) -> StageRun:
+            pg_timeout_s: float | None = None, waited: bool = False) -> StageRun:
         """As torchrun.run_stage, with the ranks forked from this parent. A stage that starts
-        before the parent is ready is clocked from the parent's start (it waited for the imports)."""
+        before the parent is ready (or ``waited`` for it) is clocked from the parent's start (it
+        waited for the imports)."""
         stage_dir = Path(stage_dir).resolve()
         if shutdown_signal():
             return not_started(stage, stage_dir)
         make_stage_dirs(stage_dir)
-        t0 = time.time() if self.ready else self.started_at
+        t0 = self.started_at if waited or not self.ready else time.time()
         token = new_stage_token()
         job_env = {**stage_env(stage, stage_dir, timeout_s, pg_timeout_s, env, token), **self.marks()}
         with self._lock:
@@ -192,6 +207,7 @@ class WarmParents:
     def __init__(self):
         self._lock = threading.Lock()
         self._parents: dict[PoolKey, WarmParent] = {}
+        self._told: set[Path] = set()  # parents whose refusal to fork was printed
         self.started = 0
 
     def get(self, key: PoolKey) -> WarmParent:
@@ -210,9 +226,21 @@ class WarmParents:
 
     def run(self, key: PoolKey, stage: str, stage_dir: Path, nproc: int, rank_args: list[str],
             timeout_s: float, env: dict | None = None, **kw) -> StageRun:
+        """The stage with ranks forked from the key's parent; where that parent refuses to fork
+        (its preload touched CUDA: the GPU tiers, docs/benchmarks.md), with fresh torchrun, the
+        refusal printed once per parent."""
         if shutdown_signal():
             return not_started(stage, Path(stage_dir).resolve())
-        return self.get(key).run(stage, stage_dir, nproc, rank_args, timeout_s, env, **kw)
+        parent = self.get(key)
+        waited = parent.ready is None
+        refusal = parent.refusal(wait_s=timeout_s)
+        if refusal:
+            if parent.dir not in self._told:
+                self._told.add(parent.dir)
+                print(f"[warm] {parent.dir.name}: {refusal}; its stages start fresh torchrun "
+                      "ranks instead", file=sys.stderr, flush=True)
+            return run_stage(stage, stage_dir, nproc, rank_args, timeout_s, env, **kw)
+        return parent.run(stage, stage_dir, nproc, rank_args, timeout_s, env, waited=waited, **kw)
 
     def close_all(self) -> None:
         with self._lock:

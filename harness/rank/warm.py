@@ -78,10 +78,29 @@ def fork_refusal() -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA is initialized after the preload (a forked rank could not use it)"
+    if torch is not None and child_in_bad_fork():
+        return ("a forked child is in torch's bad-fork state (the CUDA runtime was touched, e.g. "
+                "by torch.cuda.is_available(), without CUDA being initialized): its first CUDA "
+                "call raises 'Cannot re-initialize CUDA in forked subprocess'")
     if threading.active_count() > 1:
         names = [t.name for t in threading.enumerate()]
         return f"Python threads after the preload: {names} (a forked child would miss them)"
     return None
+
+
+def child_in_bad_fork() -> bool:
+    """Whether a child forked now would be in torch's bad-fork state. torch poisons forks once
+    the CUDA runtime is asked anything (torch/csrc/cuda/Module.cpp ``poison_fork``, e.g. in
+    ``_cuda_getDeviceCount`` behind ``torch.cuda.is_available()``) while ``is_initialized()``
+    stays False: on the GPU host (H100, 2026-12-06) the preload of torch, Transformer Engine and
+    megatron-core did so and every forked rank failed. Only a forked child can tell: one is
+    forked here, answers by its exit code, and is reaped."""
+    pid = os.fork()
+    if pid == 0:  # the child: no cleanup, no atexit, only the answer
+        bad = sys.modules["torch"].cuda._is_in_bad_fork()
+        os._exit(1 if bad else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 1
 
 
 def native_threads() -> int:

@@ -119,6 +119,13 @@ case "$1" in
     python3 bench/fork.py --scenario ${FORK_SCENARIO:-gpu-fix} --cells ${FORK_CELLS:-3} \
       --modes ${FORK_MODES:-fresh,pool,fork} > "$OUT/fork-bench.md" 2>&1
     echo "fork-bench: rc $?"; tail -n 30 "$OUT/fork-bench.md" ;;
+  fork-probe)  # issue 55: which preload import poisons forked ranks' CUDA, with and without NVML's check
+    for nvml in "" 1; do
+      PYTORCH_NVML_BASED_CUDA_CHECK=$nvml timeout 120 python3 tools/gpu-host/fork_probe.py gpu-shared 2>&1 | grep '^{'
+    done
+    start=$(date +%s)
+    HARNESS_STAGE_MODE=fork timeout 300 python3 -m harness --results-root $R repro > "$OUT/repro-fork.log" 2>&1
+    echo "repro fork: rc $? wall $(( $(date +%s) - start )) s"; grep -E "refuses|repro finished|cells:" "$OUT/repro-fork.log" | head ;;
   fix-te)  # the fix's TE unit tests on 0.47.0 and FIX_TE_VERSIONS' others (carry .whl-048, .whl-test)
     python3 -m pip install -q --no-index --no-deps --target /root/site-test .whl-test/*.whl || exit 2
     for v in ${FIX_TE_VERSIONS:-0.47.0 0.48.0rc1}; do
