@@ -159,3 +159,37 @@ def test_the_verdict_of_a_job_whose_recipe_modelopt_refuses(tmp_path):
                          "exception_type": "harness.model.quant.NotQuantizable", "message": AWQ}
     (v,) = verdict.judge_records(records, quarantine, scenarios)
     assert v.word == verdict.NOT_QUANTIZABLE and AWQ in v.detail, (v.word, v.detail)
+
+
+# --- whose exception: ModelOpt's refusal or another's (harness/model/quant.py raised_in_modelopt) --
+def _raise_from(filename: str, body: str):
+    """Run ``body`` (it raises) as code of ``filename``, and return the exception."""
+    import torch
+
+    ns = {"torch": torch}
+    exec(compile(f"def f():\n    {body}\n", filename, "exec"), ns)
+    try:
+        ns["f"]()
+    except Exception as exc:  # noqa: BLE001 - the exception is what is checked
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_a_torch_refusal_of_modelopts_own_call_is_modelopts():
+    """AWQ on TE grouped experts (GPU, 2026-12-06): ModelOpt asks ``module.weight`` and
+    ``torch.nn.Module.__getattr__`` raises: the innermost frame is torch's, the caller ModelOpt."""
+    from harness.model.quant import raised_in_modelopt
+
+    exc = _raise_from("/site/modelopt/torch/quantization/model_calib.py",
+                      "torch.nn.Linear(2, 2, bias=False).bias_missing_attribute")
+    assert isinstance(exc, AttributeError) and raised_in_modelopt(exc)
+
+
+def test_a_failure_of_the_harness_or_megatron_is_not_modelopts():
+    from harness.model.quant import raised_in_modelopt
+
+    for filename in ("/repo/harness/model/gpt.py", "/site/megatron/core/models/gpt/gpt_model.py"):
+        exc = _raise_from(filename, "torch.nn.Linear(2, 2, bias=False).bias_missing_attribute")
+        assert not raised_in_modelopt(exc), filename
+    assert raised_in_modelopt(_raise_from("/site/modelopt/torch/opt/dynamic.py",
+                                          "raise ValueError('refused')"))

@@ -53,10 +53,19 @@ def quantize(model, size: ModelSize, device, recipe: str = DEFAULT_RECIPE) -> No
 
 
 def raised_in_modelopt(exc: BaseException) -> bool:
-    """Whether the exception's innermost frame is ModelOpt's code."""
+    """Whether the exception's innermost frame outside torch's own package is ModelOpt's code:
+    ModelOpt's own raise, or a torch call ModelOpt made that refused it (AWQ on TE grouped experts
+    asks ``module.weight``, which ``torch.nn.Module.__getattr__`` refuses: GPU run
+    docs/runs/20261206-2335-device-session.md). A frame of the harness or megatron-core in
+    between means the failure is theirs, not ModelOpt's answer about the recipe."""
+    import os
     import traceback
 
-    frames = traceback.extract_tb(exc.__traceback__)
+    import torch
+
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(torch_dir)]
     return bool(frames) and "/modelopt/" in frames[-1].filename.replace("\\", "/")
 
 
