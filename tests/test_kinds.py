@@ -104,19 +104,20 @@ def test_the_recorded_kinds_decide_and_the_forecast_disagreement_is_named(tmp_pa
     assert "'experts': ['static-block']" in rec.forecast_disagreement
 
 
-def test_each_family_is_split_its_own_way_and_a_missing_rule_is_named(tmp_path):
-    """Shared experts are split over TP, routed experts over expert TP. 0.48.0rc1 has a rule for
-    static routed experts at a TP change that keeps ETP (the expert split is unchanged) but none
-    for static shared experts at another TP: rule-unknown, naming that kind, family and split."""
-    kinds = {"experts": ["static-block"], "shared_experts": ["static-block"]}
+def test_each_family_is_split_its_own_way(tmp_path):
+    """Shared experts are split over TP, routed experts over expert TP. Under 0.48.0rc1 a TP change
+    that keeps ETP leaves static routed experts as saved, but refuses per-block shared experts
+    (dense_per_block_rule, decided on the GPU 2026-12-06); the same cell with scalar shared
+    experts passes, and so does a change of EP alone."""
+    kinds = {"experts": ["static-block"], "shared_experts": ["per-block"]}
     tp_change = _cell(tmp_path, MINE, "tp1-etp1-ep4", "tp2-etp1-ep4")
-    d = decision_module.decide(tp_change.plan, "0.48.0rc1", "0.19.2", kinds)
-    assert d.expected == "rule-unknown"
-    assert "'static-block' of the shared_experts loaded at another tp (tp1 -> tp2)" in d.notice
+    assert decision_module.decide(tp_change.plan, "0.48.0rc1", "0.19.2", kinds).expected == "reshard-refused"
     same_tp = _cell(tmp_path, MINE, "tp1-etp1-ep4", "tp1-etp1-ep2", name="same")
     assert decision_module.decide(same_tp.plan, "0.48.0rc1", "0.19.2", kinds).expected == "pass"
     scalar_shared = {"experts": ["static-block"], "shared_experts": ["scalar"]}
     assert decision_module.decide(tp_change.plan, "0.48.0rc1", "0.19.2", scalar_shared).expected == "pass"
+    etp_change = _cell(tmp_path, MINE, "tp1-etp1-ep4", "tp1-etp2-ep2", name="etp")
+    assert decision_module.decide(etp_change.plan, "0.48.0rc1", "0.19.2", scalar_shared).expected == "reshard-refused"
 
 
 def test_a_kind_without_any_rule_is_named(tmp_path):

@@ -15,10 +15,13 @@ Each expected word below is derived from the source lines the rules cite, not fr
 - 0.48.0rc1 builds them on the expert groups (:983-989) and skips GroupedQuantizer in the reset
   (custom.py:180-186): same-ETP loads and TP changes pass;
 - an ETP change of a channel- or block-shaped expert amax depends on a GPU-only dry run
-  (transformer_engine.py:205-233, tensor_quant.cpp:58): rule-unknown, naming the kind;
+  (transformer_engine.py:205-233, tensor_quant.cpp:58), decided on the GPU (23:40 session,
+  docs/findings.md "Integer amax at another TP"): a per-channel one is refused (global shape
+  mismatch: reshard-refused), a per-block one re-calibrated and loads (pass);
 - a dense per-channel amax is re-calibrated to the load's local shape before the load
   (custom.py:177-181) and cut over TP like its weight (Column axis 0): a TP change passes; a
-  dense per-block one has no rule at another TP (cached block reshape, tensor_quantizer.py:1001);
+  dense per-block one is refused at another TP (the GPU: the Row entry keeps the save's shape,
+  reshard-refused); dense static NVFP4 blocks load at another TP (the GPU: pass);
 - MX formats hold no _amax and the sharded state dict takes only _amax / _pre_quant_scale keys
   (megatron.py:520-531, :874-886): nothing to collide, lose or reshard: pass everywhere;
 - 0.48.0rc1 keeps the GroupedQuantizer members' amax through the reset (custom.py:180-186), so
@@ -45,6 +48,7 @@ SAVE = "save=tp1-etp1-ep2-pp1"
 SAVE_ONLY, OTHER_EP, TP_CHANGE, ETP_CHANGE = ("save-only", "load=tp1-etp1-ep1-pp1",
                                               "load=tp2-etp1-ep2-pp1", "load=tp1-etp2-ep1-pp1")
 P, LOST, FAIL, UNKNOWN = Expected.PASS, Expected.AMAX_LOST, Expected.FAIL_LOAD, Expected.RULE_UNKNOWN
+REFUSED = Expected.RESHARD_REFUSED
 DRY = Expected.RESTORE_DRY_RUN
 
 # scenario -> {modelopt: {cell: expected}} under megatron-core 0.19.2 (and 0.16.1: same rules)
@@ -54,16 +58,16 @@ EXPECTED = {
         "0.48.0rc1": {SAVE_ONLY: DRY, OTHER_EP: DRY, TP_CHANGE: DRY, ETP_CHANGE: DRY},
     },
     "gpu-per-channel-recipe": {  # part (g): no dry-run defect
-        "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: UNKNOWN},
-        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: UNKNOWN},
+        "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: REFUSED},
+        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: REFUSED},
     },
     "gpu-per-block-recipe-witness": {
         "0.47.0": {SAVE_ONLY: P, OTHER_EP: LOST, TP_CHANGE: FAIL, ETP_CHANGE: FAIL},
         "0.48.0rc1": {SAVE_ONLY: DRY, OTHER_EP: DRY, TP_CHANGE: DRY, ETP_CHANGE: DRY},
     },
     "gpu-per-block-recipe": {
-        "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
-        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
+        "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: REFUSED, ETP_CHANGE: P},
+        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: REFUSED, ETP_CHANGE: P},
     },
     "gpu-no-amax-recipe-witness": {
         "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: P},
@@ -77,11 +81,11 @@ EXPECTED = {
     # (custom.py:177-181 _has_complete_static_nvfp4_weight_state): no second bug
     "gpu-four-over-six-recipe-witness": {
         "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: FAIL, ETP_CHANGE: FAIL},
-        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: Expected.RESHARD_REFUSED},
+        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: REFUSED},
     },
     "gpu-four-over-six-recipe": {  # part (f): fixed_static_block_rule, a pass at another ETP
-        "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: P},
-        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: P},
+        "0.47.0": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: P},
+        "0.48.0rc1": {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: P, ETP_CHANGE: P},
     },
 }
 CASES = [(s, v, mc) for s, per in EXPECTED.items() for v in per for mc in ("0.19.2", "0.16.1")]
@@ -112,7 +116,7 @@ AWQ = {
     ("gpu-awq-recipe-witness", "0.47.0"): {SAVE_ONLY: P, OTHER_EP: LOST, TP_CHANGE: FAIL, ETP_CHANGE: FAIL},
     # per-block experts: the restore dry run (0.48.0rc1 keeps the members' amax) at the save's reload
     ("gpu-awq-recipe-witness", "0.48.0rc1"): {SAVE_ONLY: DRY, OTHER_EP: DRY, TP_CHANGE: DRY, ETP_CHANGE: DRY},
-    ("gpu-awq-recipe", "0.47.0"): {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: UNKNOWN, ETP_CHANGE: UNKNOWN},
+    ("gpu-awq-recipe", "0.47.0"): {SAVE_ONLY: P, OTHER_EP: P, TP_CHANGE: REFUSED, ETP_CHANGE: P},
 }
 
 
@@ -161,43 +165,37 @@ def test_the_integer_twins_run_on_0_48_0rc1_with_part_g_alone(name):
         assert not d.skip and d.expected != DRY
 
 
-@pytest.mark.parametrize("name,kind,family,split", [
-    ("gpu-per-channel-recipe", "per-channel", "experts", "etp1 -> etp2"),
-    ("gpu-per-block-recipe", "per-block", "experts", "etp1 -> etp2"),
-])
-def test_an_etp_change_of_a_shaped_expert_amax_names_the_missing_rule(name, kind, family, split):
+@pytest.mark.parametrize("name,want", [("gpu-per-channel-recipe", REFUSED), ("gpu-per-block-recipe", P)])
+def test_an_etp_change_of_an_integer_expert_amax_follows_the_gpu_decided_rule(name, want):
     cell = next(c for c in _scenario(name).cells() if c.id.endswith(ETP_CHANGE + "]"))
     d = decision_module.decide(cell.plan, "0.47.0", "0.19.2")
-    assert d.expected == UNKNOWN
-    assert f"amax kind {kind!r} of the {family} loaded at another etp ({split})" in d.notice
-    assert "KindRule.reshard" in d.notice
+    assert d.expected == want, d.notice
 
 
-def test_a_dense_per_block_amax_at_another_tp_names_the_missing_rule():
-    cell = next(c for c in _scenario("gpu-per-block-recipe-witness").cells()
-                if c.id.endswith(TP_CHANGE + "]"))
-    d = decision_module.decide(cell.plan, "0.48.0rc1", "0.19.2")
-    assert "amax kind 'per-block' of the other loaded at another tp (tp1 -> tp2)" in d.notice
+def test_a_dense_per_block_amax_at_another_tp_is_refused():
+    cell = next(c for c in _scenario("gpu-per-block-recipe").cells() if c.id.endswith(TP_CHANGE + "]"))
+    assert decision_module.decide(cell.plan, "0.48.0rc1", "0.19.2").expected == REFUSED
 
 
 @pytest.mark.parametrize("modelopt,drops", [("0.47.0", True), ("0.48.0rc1", False)])
 def test_the_rule_fields_of_each_new_kind(modelopt, drops):
     b = rules_for(modelopt, "0.19.2")
-    for kind in (PER_CHANNEL, PER_BLOCK):
+    for kind, reshard in ((PER_CHANNEL, REFUSED), (PER_BLOCK, P)):
         r = b.kind_rule(kind, EXPERTS)
         # built like the scalar amax (0.47.0: no groups; 0.48.0rc1: the expert groups)
-        assert (r.replica_rule_applies, r.lost_on_reload, r.reshard) == (True, drops, None)
-        assert r.save_refused_split is None and r.checked_on == "" and r.source
+        assert (r.replica_rule_applies, r.lost_on_reload, r.reshard) == (True, drops, reshard)
+        assert r.save_refused_split is None and r.source and "234019" in r.checked_on
     no = b.kind_rule(NO_AMAX, EXPERTS)
     assert (no.replica_rule_applies, no.lost_on_reload, no.reshard) == (False, False, P)
     for family in (SHARED_EXPERTS, OTHER):
         assert b.kind_rule(PER_CHANNEL, family).reshard == P
-        assert b.kind_rule(PER_BLOCK, family).reshard is None
+        assert b.kind_rule(PER_BLOCK, family).reshard == REFUSED
+        assert "234019" in b.kind_rule(PER_BLOCK, family).checked_on
         assert b.kind_rule(NO_AMAX, family).reshard == P
         assert not any(b.kind_rule(k, family).replica_rule_applies for k in (PER_CHANNEL, PER_BLOCK, NO_AMAX))
     for rule in (b.kind_rule(k, f) for k in (PER_CHANNEL, PER_BLOCK, NO_AMAX)
                  for f in (EXPERTS, SHARED_EXPERTS, OTHER)):
-        assert "megatron.py:" in rule.source and rule.checked_on == ""
+        assert "megatron.py:" in rule.source
 
 
 @pytest.mark.parametrize("modelopt", ["0.47.0", "0.48.0rc1"])

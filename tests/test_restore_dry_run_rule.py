@@ -117,7 +117,7 @@ def test_every_cell_of_an_integer_witness_on_0_48_0rc1_expects_the_dry_run(name)
 def test_the_notice_names_the_expectation_behind_the_defect():
     cells = _cells("gpu-per-channel-recipe-witness")
     etp = decision_module.decide(cells["load=tp1-etp2-ep1-pp1"].plan, "0.48.0rc1", "0.19.2")
-    assert "judged as `rule-unknown`: recipe mtq:INT8_WEIGHT_ONLY_CFG: amax kind 'per-channel'" in etp.notice
+    assert etp.notice.endswith("judged as `reshard-refused`")  # the GPU-decided per-channel rule
     other_ep = decision_module.decide(cells["load=tp1-etp1-ep1-pp1"].plan, "0.48.0rc1", "0.19.2")
     assert other_ep.notice.endswith("judged as `pass`")
 
@@ -219,10 +219,9 @@ def test_a_stage_that_passes_is_judged_by_the_expectation_behind_it():
     other_ep = cells["load=tp1-etp1-ep1-pp1"]
     rec = judge.judge_cell(_rec(other_ep), other_ep.plan, _passed("save"), _passed("load"))
     assert (rec.expected, rec.outcome) == (Expected.PASS, Outcome.PASS)
-    etp = cells["load=tp1-etp2-ep1-pp1"]  # no reshard rule behind it: rule-unknown, not a pass
+    etp = cells["load=tp1-etp2-ep1-pp1"]  # behind it the per-channel refusal at another ETP
     rec = judge.judge_cell(_rec(etp), etp.plan, _passed("save"), _passed("load"))
-    assert (rec.expected, rec.outcome) == (Expected.RULE_UNKNOWN, Outcome.RULE_UNKNOWN)
-    assert "amax kind 'per-channel' of the experts loaded at another etp" in rec.reason
+    assert (rec.expected, rec.outcome) == (Expected.RESHARD_REFUSED, Outcome.UNEXPECTED_PASS)
 
 
 def test_any_other_failure_stays_unexpected():

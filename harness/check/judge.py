@@ -166,6 +166,19 @@ SHAPE_REFUSAL_TEXT = "Global shape mismatch"
 SHAPE_REFUSAL_FINDING = ("static per-block weight-quantizer amax at another expert TP: megatron-core "
                          "refuses its global shape (docs/findings.md, 'Static NVFP4 amax at "
                          "another expert TP'); not the collision")
+# The same refusal of an integer recipe's amax (per-channel experts at another expert TP,
+# per-block dense linears at another TP: harness/check/versions.py _PER_CHANNEL_RESHARD,
+# dense_per_block_rule); the jobs' recipes never make these kinds.
+INTEGER_SHAPE_REFUSAL_FINDING = ("integer (per-channel or per-block) weight-quantizer amax at "
+                                 "another TP or expert TP: megatron-core refuses its global shape "
+                                 "(docs/findings.md, 'Integer amax at another TP'); not the "
+                                 "collision")
+
+
+def shape_refusal_finding(rec: CellRecord) -> str:
+    """The finding of a ``reshard-refused`` cell, by the kinds its save recorded."""
+    kinds = {k for names in (rec.amax_kinds or {}).values() for k in names}
+    return SHAPE_REFUSAL_FINDING if STATIC_BLOCK in kinds or not kinds else INTEGER_SHAPE_REFUSAL_FINDING
 
 
 def is_shape_refusal(cause: StageCause | None) -> bool:
@@ -432,7 +445,7 @@ def _load(rec: CellRecord, stage: StageResult, cell: CellPlan, d: CellDecision) 
         if rec.expected == Expected.NOT_RESTORED and not stage.timed_out and is_amax_refusal(stage.cause):
             rec.outcome = Outcome.BUG_REPRODUCED  # megatron-core refused the checkpoint's amax
         if rec.expected == Expected.RESHARD_REFUSED and not stage.timed_out and is_shape_refusal(stage.cause):
-            rec.outcome, rec.reason = Outcome.KNOWN_REFUSAL, SHAPE_REFUSAL_FINDING
+            rec.outcome, rec.reason = Outcome.KNOWN_REFUSAL, shape_refusal_finding(rec)
         known_model_refusal(rec, stage, cell.load, cell)
         return
     rec.verify = judged_verify(stage.rank0.get("verify", {}), rec.tier)

@@ -225,15 +225,23 @@ def dense_scalar_rule() -> KindRule:
                     source=_DENSE_SOURCE, checked_on=_DENSE_SCALAR_CHECKED)
 
 
+_DENSE_STATIC_CHECKED = ("gpu-shared, H100, megatron-core 0.19.2: docs/runs/20261206-234245-recipes-"
+                         "0.48.0rc1-none.md, 20261206-234246-recipes-0.47.0-fix.md and "
+                         "20261206-234246-recipes-0.48.0rc1-fix.md (tp1-etp1-ep2 -> tp2-etp1-ep2: "
+                         "0 mismatches of 166-198 keys, logits exact)")
+
+
 def dense_static_block_rule() -> KindRule:
     """Static NVFP4 blocks of a dense linear: calibration refused at TP > 1
     (_check_nvfp4_static_tp_supported reads every QuantModule's TP group, 0.47.0
     plugins/megatron.py:86-113, whose own docstring says the block _amax "is shard-local but
     sharded_state_dict treats it as replicated"); at the save's TP it loads as saved. At another
-    TP no rule: neither the sources read nor a run decides whether the load planner refuses the
-    local-shaped replicated block _amax or hands every rank the whole saved one."""
-    return KindRule(replica_rule_applies=False, lost_on_reload=False, reshard=None,
-                    save_refused_split=_STATIC_REFUSAL, source=_DENSE_SOURCE)
+    TP the sources read do not decide it; the GPU run does: a TP-1 save (NVFP4_FOUR_OVER_SIX_CFG:
+    static blocks on every dense linear) reloads at TP 2 with every key equal to the saved state
+    sliced for the load rank and logits exact, on 0.47.0 + fix, 0.48.0rc1 and 0.48.0rc1 + fix."""
+    return KindRule(replica_rule_applies=False, lost_on_reload=False, reshard=Expected.PASS,
+                    save_refused_split=_STATIC_REFUSAL, source=_DENSE_SOURCE,
+                    checked_on=_DENSE_STATIC_CHECKED)
 
 
 # --- per-channel, per-block and no-amax (issue 52 item 3): read from the sources only ------------
@@ -258,15 +266,28 @@ _SECOND_BUG_047 = (
     "second bug, whatever the amax's shape")
 _NO_SECOND_BUG_048 = ("0.48.0rc1 plugins/custom.py:180-186 skips a GroupedQuantizer in the "
                       "reset + re-calibration: no second bug")
-_EXPERT_RESHARD_UNDECIDED = (
-    "reshard at another expert TP not decided by the sources: the Column (linear_fc1) entry is "
-    "cut along axis 0 (plugins/megatron.py:577-578 axis not None -> 0), so the load asks for the "
-    "buffer's LOCAL shape times ETP; whether that buffer has the load's shape depends on "
-    "_QuantTEGroupedLinear.modelopt_post_restore's dry run (plugins/transformer_engine.py:205-233: "
-    "re-calibrated only when wq_i(weight_i) raises a RuntimeError naming a size or shape) and "
-    "ModelOpt's CUDA kernel checks nothing of the amax's length "
-    "(kernels/quantization/gemm/tensor_quant.cpp:58 TORCH_CHECK(amax.numel(), inputs.size(axis)) "
-    "only asserts numel != 0): a GPU run decides (rule-unknown until then)")
+# Decided on the GPU (one H100, tier gpu-shared, megatron-core 0.19.2, 2026-12-06 23:40, the
+# integer kind sets under harness.fix with part (g): docs/runs/20261206-2335-device-session.md).
+_INTEGER_CHECKED = ("gpu-shared, H100, megatron-core 0.19.2: docs/runs/20261206-234019-recipes-"
+                    "0.47.0-fix.md and docs/runs/20261206-234018-recipes-0.48.0rc1-fix.md "
+                    "(harness.fix with part g; part g changes values only, no shape)")
+_EXPERT_RESHARD_READ = (
+    "at another expert TP the Column (linear_fc1) entry is cut along axis 0 (plugins/megatron.py:"
+    "577-578 axis not None -> 0), so the load asks for the buffer's LOCAL shape times ETP; the "
+    "buffer has the load's shape only if _QuantTEGroupedLinear.modelopt_post_restore's dry run "
+    "(plugins/transformer_engine.py:205-233) raised a RuntimeError naming a size or shape and so "
+    "re-calibrated it")
+_PER_CHANNEL_RESHARD = (
+    _EXPERT_RESHARD_READ + ". A per-channel amax of the save's length raises nothing there "
+    "(ModelOpt's CUDA kernel asserts only amax.numel() != 0, kernels/quantization/gemm/"
+    "tensor_quant.cpp:58): the buffer keeps the save's shape and megatron-core 0.19.2 refuses "
+    "its global shape (GPU, tp1-etp1-ep2 -> tp1-etp2-ep1: 'Global shape mismatch for loaded "
+    "(256, 1) and expected (512, 1)' on linear_fc1.weight_quantizer._amax)")
+_PER_BLOCK_RESHARD = (
+    _EXPERT_RESHARD_READ + ". A per-block amax of the save's length does not fit the load's "
+    "block reshape, so the dry run raises and the buffer is re-calibrated to the load's local "
+    "shape before the load's sharded_state_dict is built: the load passes (GPU, tp1-etp1-ep2 -> "
+    "tp1-etp2-ep1: every key and expert amax restored, logits exact at the load topology)")
 _PER_CHANNEL_EXPERTS = (
     "per-channel (axis 0, e.g. INT8_WEIGHT_ONLY_CFG): one amax per output channel. "
     "linear_fc2 (Row): an int axis is not a tuple, so no shard axis (0.47.0 plugins/megatron.py:"
@@ -294,16 +315,18 @@ _NO_AMAX_SOURCE = (
 def per_channel_expert_rule(drops_on_reload: bool, source: str,
                             restore_defect: "RestoreDefect | None" = None) -> KindRule:
     """``restore_defect``: RESTORE_DRY_RUN where the release's restore reaches it unpatched."""
-    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, reshard=None,
-                    source=_PER_CHANNEL_EXPERTS + source + "; " + _EXPERT_RESHARD_UNDECIDED,
-                    restore_defect=restore_defect)
+    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload,
+                    reshard=Expected.RESHARD_REFUSED,
+                    source=_PER_CHANNEL_EXPERTS + source + "; " + _PER_CHANNEL_RESHARD,
+                    restore_defect=restore_defect, checked_on=_INTEGER_CHECKED)
 
 
 def per_block_expert_rule(drops_on_reload: bool, source: str,
                           restore_defect: "RestoreDefect | None" = None) -> KindRule:
-    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, reshard=None,
-                    source=_PER_BLOCK_EXPERTS + source + "; " + _EXPERT_RESHARD_UNDECIDED,
-                    restore_defect=restore_defect)
+    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload,
+                    reshard=Expected.PASS,
+                    source=_PER_BLOCK_EXPERTS + source + "; " + _PER_BLOCK_RESHARD,
+                    restore_defect=restore_defect, checked_on=_INTEGER_CHECKED)
 
 
 def no_amax_rule() -> KindRule:
@@ -330,16 +353,17 @@ def dense_per_channel_rule() -> KindRule:
 
 
 def dense_per_block_rule() -> KindRule:
-    """Per-block amax of a dense linear: at the save's TP it loads as saved; at another TP no
-    rule (the block reshape size the quantizer caches, nn/modules/tensor_quantizer.py:1001-1002,
-    may be restored with the save's shape before the re-calibration: not decided by reading)."""
+    """Per-block amax of a dense linear: at the save's TP it loads as saved; at another TP the
+    Row entry is refused (decided on the GPU: the restored buffer keeps the save's shape)."""
     return KindRule(
-        replica_rule_applies=False, lost_on_reload=False, reshard=None,
+        replica_rule_applies=False, lost_on_reload=False, reshard=Expected.RESHARD_REFUSED,
         source=_DENSE_SOURCE + "; per-block: Column axis 0, Row axis 1 (the quantizer's own axis, "
-        "a tuple, plugins/megatron.py:609-617); re-calibrated from the local weight at the load "
-        "(custom.py:177-181), but _setup_for_blockquant keeps a cached _block_reshape_size "
-        "(nn/modules/tensor_quantizer.py:1001-1002): whether the restored one fits the load's "
-        "local weight is not decided by reading")
+        "a tuple, plugins/megatron.py:609-617); the post-restore re-calibration "
+        "(custom.py:177-181) keeps the cached _block_reshape_size (nn/modules/tensor_quantizer.py:"
+        "1001-1002) of the save's shape: at another TP megatron-core 0.19.2 refuses the Row "
+        "entry's global shape (GPU, tp1 -> tp2: 'Global shape mismatch for loaded (256, 1) and "
+        "expected (256, 2)' on shared_experts.linear_fc2.weight_quantizer._amax)",
+        checked_on=_INTEGER_CHECKED)
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from harness.launch import bounded
+from harness import bounded
 
 pytestmark = pytest.mark.gpu_shared
 
@@ -37,7 +38,7 @@ def _child(mode: str) -> dict:
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     done = bounded.run([sys.executable, str(CHILD), mode], timeout_s=300, env=env, cwd=root,
-                       capture_output=True, text=True)
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert not done.timed_out, f"{mode}: no answer in 300 s"
     lines = [ln for ln in (done.stdout or "").splitlines() if ln.startswith("{")]
     assert lines, f"{mode}: rc {done.returncode}, no result line; stderr:\n{done.stderr[-3000:]}"

@@ -78,9 +78,9 @@ def main(mode: str) -> dict:
     try:
         dst.load_state_dict(state, strict=True)
         torch.cuda.synchronize()
-    except Exception as exc:  # what a load stage would die of: the first line is the evidence
-        return {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}",
-                "parts": list(parts)}
+    except Exception as exc:  # what a load stage would die of: its words are the evidence
+        words = " ".join(str(exc).split())[:600]  # load_state_dict's keys are on its 2nd line
+        return {"ok": False, "error": f"{type(exc).__name__}: {words}", "parts": list(parts)}
     got = [getattr(q, "_amax", None) for q in dst.weight_quantizer]
     equal = all(g is not None and torch.equal(g.to(w.device), w) for g, w in zip(got, want))
     return {"ok": True, "error": None, "parts": list(parts), "amax_equal": equal}
