@@ -17,15 +17,16 @@ repository.
 
 The fix is tied to exact modelopt versions because it wraps private methods whose bodies it
 relies on; any other version is refused rather than patched blindly. 0.47.0 gets every part
-(a-f); 0.48.0rc1 (which fixed a-e itself) gets part (f) only, static NVFP4 experts across expert
-TP. Both are proven on a GPU (docs/fix.md names the runs). This package imports neither torch nor
+(a-g); 0.48.0rc1 (which fixed a-e itself) gets parts (f), static NVFP4 experts across expert TP,
+and (g), the grouped post-restore's dry run on expert amax not yet loaded. All are proven on a
+GPU (docs/fix.md names the runs). This package imports neither torch nor
 modelopt until ``apply()`` runs, and nothing of the harness ever.
 """
 from __future__ import annotations
 
 import os
 
-__version__ = "0.3.0"  # the wheel's version (tools/fix-wheel/pyproject.toml reads it)
+__version__ = "0.4.0"  # the wheel's version (tools/fix-wheel/pyproject.toml reads it)
 DISTRIBUTION = "moe-ckpt-fix"
 WHEEL = f"moe_ckpt_fix-{__version__}-py3-none-any.whl"  # what `make fix-wheel` writes into dist/
 # The whole change to a job's pipeline (README "Using the fix"; the gate's next step names it).
@@ -46,18 +47,21 @@ PARTS_ONLY_VERSIONS = {"0.48.0rc1": (STATIC_BLOCK_PART, UNLOADED_AMAX_PART)}
 # A part or version with no GPU record yet is applied only when asked for by name
 # (``apply(allow_unproven=True)``, or UNPROVEN_VAR naming it), else refused or left out; it
 # moves to the proven ones when a GPU record of its cells exists (docs/fix.md). None at present:
-# part (f) and 0.48.0rc1 moved on 2026-12-06 (docs/runs/20261206-2027-device-session.md).
+# part (f) and 0.48.0rc1 moved on 2026-12-06 (docs/runs/20261206-2027-device-session.md), part (g)
+# the same night (wheel 0.4.0).
 UNPROVEN_MODELOPT_VERSIONS: dict[str, str] = {}
-UNPROVEN_PARTS: dict[str, str] = {
-    UNLOADED_AMAX_PART: "part (g): written 2026-12-06 from the sources and a GPU reproduction; "
-                        "no harness GPU cell of an integer recipe has run with it yet",
-}
+UNPROVEN_PARTS: dict[str, str] = {}  # part (g) moved on 2026-12-06 (docs/runs/20261206-2335-device-session.md)
 UNPROVEN_VAR = "MOE_CKPT_FIX_UNPROVEN"  # version or part names, commas between
 
 
 def asked_words(environ=os.environ) -> list[str]:
     """What UNPROVEN_VAR names, in order: versions and parts of UNPROVEN_PARTS."""
     return [w.strip() for w in environ.get(UNPROVEN_VAR, "").split(",") if w.strip()]
+
+
+def wanted(part: str, unproven: tuple[str, ...]) -> bool:
+    """Whether a patcher installs ``part``: proven, or unproven and asked for (``unproven``)."""
+    return part not in UNPROVEN_PARTS or part in unproven
 
 
 def asked_for(word: str) -> bool:

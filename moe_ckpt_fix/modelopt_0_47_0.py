@@ -43,7 +43,7 @@ import inspect
 import re
 
 from . import (EXPERT_AMAX_PART, STATIC_BLOCK_PART, UNLOADED_AMAX_PART, Refused,
-               TransformerEngineMissing, legacy_load, static_block, unloaded_amax)
+               TransformerEngineMissing, legacy_load, static_block, unloaded_amax, wanted)
 
 _MARK = "__moe_ckpt_fix__"  # set on every function this module installs (idempotency)
 # Keys of the per-expert state dicts that (a) targets: "{gemm_idx}.weight_quantizer.{sub}".
@@ -199,7 +199,7 @@ def _require_calls(func, names, what):
 
 
 def apply(unproven: tuple[str, ...] = ()) -> str:
-    """Install (a) to (f), and (g) when ``unproven`` names it. Called through
+    """Install (a) to (f), and (g) (asked for by ``unproven`` while it is in UNPROVEN_PARTS). Called through
     ``moe_ckpt_fix.apply()`` after the version check."""
     global _applied, _parts
     if _applied is not None:
@@ -251,7 +251,7 @@ def apply(unproven: tuple[str, ...] = ()) -> str:
     legacy_load.install_dist_load()
     static = install_static()
     _parts = (EXPERT_AMAX_PART, STATIC_BLOCK_PART)
-    if UNLOADED_AMAX_PART in unproven:  # around (f)'s wrapper: it runs first
+    if wanted(UNLOADED_AMAX_PART, unproven):  # around (f)'s wrapper: it runs first
         static += "; " + install_unloaded()
         _parts += (UNLOADED_AMAX_PART,)
 

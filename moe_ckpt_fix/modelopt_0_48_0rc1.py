@@ -10,19 +10,20 @@ moe-ckpt-harness repository cites the lines), but not (f): its ``_QuantMegatronT
 """
 from __future__ import annotations
 
-from . import STATIC_BLOCK_PART, UNLOADED_AMAX_PART, TransformerEngineMissing, static_block, unloaded_amax
+from . import (STATIC_BLOCK_PART, UNLOADED_AMAX_PART, TransformerEngineMissing, static_block,
+               unloaded_amax, wanted)
 
 _applied: str | None = None
 _parts: tuple[str, ...] = ()
 
 
 def parts() -> tuple[str, ...]:
-    """The parts installed in this process (moe_ckpt_fix.applied_parts): (f), and (g) where asked."""
+    """The parts installed in this process (moe_ckpt_fix.applied_parts): (f), and (g)."""
     return _parts
 
 
 def apply(unproven: tuple[str, ...] = ()) -> str:
-    """Install (f) on 0.48.0rc1, and (g) when ``unproven`` names it. Called through
+    """Install (f) on 0.48.0rc1, and (g) (asked for by ``unproven`` while it is in UNPROVEN_PARTS). Called through
     ``moe_ckpt_fix.apply()`` after the version check."""
     global _applied, _parts
     if _applied is not None:
@@ -41,7 +42,7 @@ def apply(unproven: tuple[str, ...] = ()) -> str:
     install_unloaded = unloaded_amax.prepare(mp)
     described = [install()]
     _parts = (STATIC_BLOCK_PART,)
-    if UNLOADED_AMAX_PART in unproven:
+    if wanted(UNLOADED_AMAX_PART, unproven):
         described.append(install_unloaded())
         _parts += (UNLOADED_AMAX_PART,)
     _applied = ("nvidia-modelopt 0.48.0rc1 patched (moe_ckpt_fix, the release has (a)-(e) "

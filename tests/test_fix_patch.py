@@ -245,9 +245,9 @@ def test_apply_refuses_other_modelopt_versions(monkeypatch, installed):
 @pytest.mark.parametrize("value", [None, "static-block", "0.48.0rc1", "unloaded-amax"])
 def test_every_proven_part_is_installed_by_the_switch_alone(monkeypatch, installed, module, parts, value):
     """Part (f) and 0.48.0rc1 have GPU records (docs/fix.md): MOE_CKPT_FIX=1 alone (a job's whole
-    change) installs every proven part the release lacks, whatever MOE_CKPT_FIX_UNPROVEN says; an
-    unproven part (g) only where MOE_CKPT_FIX_UNPROVEN names it; the release's own parts
-    (0.48.0rc1 has a-e) are not installed again."""
+    change) installs every proven part the release lacks (part (g) too since wheel 0.4.0), whatever
+    MOE_CKPT_FIX_UNPROVEN says; a part still unproven only where MOE_CKPT_FIX_UNPROVEN names it
+    (none at present); the release's own parts (0.48.0rc1 has a-e) are not installed again."""
     import importlib
 
     patcher = importlib.import_module(f"moe_ckpt_fix.{module}")
@@ -262,6 +262,7 @@ def test_every_proven_part_is_installed_by_the_switch_alone(monkeypatch, install
         monkeypatch.setenv(fix.UNPROVEN_VAR, value)
     assert fix.apply() == "ok"
     assert called == [(value,) if value in fix.UNPROVEN_PARTS else ()]
+    assert all(fix.wanted(p, ()) for p in parts)  # every part of the release, unasked
     assert fix.PARTS_ONLY_VERSIONS.get(installed, tuple(fix.PARTS)) == parts
 
 
