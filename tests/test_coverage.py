@@ -29,8 +29,14 @@ def test_the_evidence_page_lists_exactly_what_has_no_committed_gpu_run():
 
 
 def test_every_known_recipe_and_module_is_accounted_for():
-    names = {i.name for i in coverage()}
-    assert len(names) == len(KNOWN_RECIPES) + len(MODULES)
+    """Every catalogue recipe and every module is listed; beyond them only recipes a committed GPU
+    cell ran without a catalogue entry (mtq:W4A8_AWQ_BETA_CFG, judged by recorded kinds)."""
+    from harness.model.recipes import Recipe
+
+    items = coverage()
+    known = {f"recipe {Recipe.parse(ref).label}" for ref in KNOWN_RECIPES} | set(MODULES)
+    assert known <= {i.name for i in items}
+    assert all(i.covered_by for i in items if i.name not in known)
 
 
 def test_a_recipe_with_a_committed_run_leaves_the_list(tmp_path):

@@ -78,8 +78,8 @@ def test_the_table_says_what_was_derived_where_and_which_rule_is_missing():
     row = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| mtq:")}
     assert "calibrated: as forecast" in row["mtq:A_CFG"] and row["mtq:A_CFG"].endswith("| every kind |")
     assert "not-quantizable: AttributeError" in row["mtq:B_CFG"]
-    # a per-block rule exists (source reading, issue 52 item 3) but leaves an ETP change undecided
-    assert row["mtq:B_CFG"].endswith("| every kind; reshard unknown: per-block experts |")
+    # the per-block experts' rule, its ETP change decided on the GPU (issue 52 item 3)
+    assert row["mtq:B_CFG"].endswith("| every kind |")
     assert "needs a GPU" in row["mtq:C_CFG"] and "not-quantizable" not in row["mtq:C_CFG"]
     assert "TE grouped experts" in text and "Distinct kind sets: 3" in text
     # a kind no pair has a rule for is named as such

@@ -52,4 +52,6 @@ def main(tier: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "gpu-shared")
+    from harness.tiers import Tier
+
+    main(sys.argv[1] if len(sys.argv) > 1 else Tier.GPU_SHARED)
