@@ -14,7 +14,9 @@ code as a fresh one (error files, rank deaths, timeout with stack dumps, the shu
 the session kill) and returns the same StageRun. A stage's failure kills its agent's session,
 never the parent; a parent that dies or has not forked a stage's agent by the stage's end is
 killed and replaced. Parents live in ``<run>/pools/fork-...`` and carry ``HARNESS_POOL_DIR`` like
-a pool's ranks, so the same search finds every process of theirs.
+a pool's ranks, so the same search finds every process of theirs. A parent whose preload leaves
+forks unusable (ready.json ``refuses_fork``: the GPU host's stack, docs/benchmarks.md) has its
+stages run as fresh torchrun instead.
 """
 from __future__ import annotations
 
