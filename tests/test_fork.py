@@ -92,3 +92,22 @@ def test_the_agents_exit_blocks_and_close_lines_read_as_torchruns():
             "W1206 api.py:900] Sending process 4245 closing signal SIGTERM\n")
     assert F.parse_elastic_failures(text) == {3: (-9, 4242)}
     assert F.parse_elastic_signalled(text) == {4243, 4244, 4245}
+
+
+def test_make_repro_starts_the_grids_warm_parent_before_its_probe(monkeypatch, tmp_path):
+    """The cpu grid's cells (fork mode) share one parent key: one parent started ahead, none for
+    a tier that does not fork (the GPU cells run in pools)."""
+    from harness.paths import RunDir
+    from harness.run import cells as run_cells_module
+    from harness.run.repro import CPU_REPRO_CELLS, GPU_REPRO_CELLS
+    from harness.scenario.scenarios import load_all
+
+    started = []
+    monkeypatch.setattr(run_cells_module.WARM, "get", lambda key: started.append(key))
+    run = RunDir.new(tmp_path, "repro-cpu")
+    scenarios = load_all()
+    cpu = run_cells_module.select_cells(scenarios, CPU_REPRO_CELLS)
+    assert run_cells_module.prestart_warm_parents(cpu, run) == 1 and len(started) == 1
+    assert started[0].tier == Tier.CPU and started[0].root == str(run.root)
+    gpu = run_cells_module.select_cells(scenarios, GPU_REPRO_CELLS)
+    assert run_cells_module.prestart_warm_parents(gpu, run) == 0 and len(started) == 1

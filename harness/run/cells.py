@@ -71,6 +71,22 @@ def prestart_save_pools(cells, run: RunDir) -> int:
     return len(keys)
 
 
+def prestart_warm_parents(cells, run: RunDir) -> int:
+    """Fork mode: start now the warm parent each of ``cells`` will fork its ranks from (one per
+    key), so its imports overlap what the controller does before run_cells (make repro on the
+    cpu tier: the map and the real-validation probe) instead of delaying the first stage.
+    Returns how many were started."""
+    from harness.launch.warm import parent_key
+    from harness.run.cell import rank_env  # the rank environment _launch keys a parent by
+
+    keys = {parent_key(c.scenario.tier, c.scenario.patch, c.scenario.backend, run.root,
+                       rank_env(c.scenario))
+            for c in cells if not c.golden and stage_mode(c.scenario.tier) == StageMode.FORK}
+    for key in keys:
+        WARM.get(key)
+    return len(keys)
+
+
 def _warm_extensions(cells, out) -> None:
     """ModelOpt's FP8 extension built once before the cells on CUDA that may need it
     (harness/launch/extensions.py), not by the first such stage inside its timeout."""

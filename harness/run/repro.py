@@ -133,7 +133,7 @@ def _drop_early_run(run: RunDir | None) -> None:
 
 def repro(results_root: Path, gpu: str = "auto") -> int:
     from harness.launch.pool import key_environment
-    from harness.run.cells import run_cells, select_cells
+    from harness.run.cells import prestart_warm_parents, run_cells, select_cells
     from harness.scenario.scenarios import load_all
 
     start = time.monotonic()
@@ -159,16 +159,17 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
         _header(Tier.CPU, gpu_reason or "forced with --gpu no")
         print("   GPU tiers (gpu-shared, gpu) need a CUDA GPU + Transformer Engine; "
               "run `make repro` on a GPU host or in the docker image for the TEGroupedMLP path.")
-        _show_map()
         run = RunDir.new(results_root, "repro-cpu")
+        cpu_cells = select_cells(scenarios, CPU_REPRO_CELLS)
+        prestart_warm_parents(cpu_cells, run)  # its imports overlap the map and the probe
+        _show_map()
         ok = _show_real_validation(run)
         if ok is None:  # stopped during the probe: its results file, marked as every phase's is
             doc = collect(run, versions(), tier=Tier.CPU, interrupted=shutdown_signal())
             print(f"results: {run.results}")
         else:
             print("\n== cpu tier reshard grid (real megatron-core + ModelOpt NVFP4, SequentialMLP, gloo)")
-            doc = run_cells(select_cells(scenarios, CPU_REPRO_CELLS),
-                            results_root, "repro-cpu", jobs=1, run_dir=run)
+            doc = run_cells(cpu_cells, results_root, "repro-cpu", jobs=1, run_dir=run)
     if doc.get("incomplete"):
         print(f"\nrepro interrupted ({doc['interrupted_by']}) after {time.monotonic() - start:.0f} s")
         return exit_code(doc)
