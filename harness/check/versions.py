@@ -312,20 +312,20 @@ _NO_AMAX_SOURCE = (
     "TEGroupedLinear builds with the expert groups, as for every other recipe")
 
 
-def per_channel_expert_rule(drops_on_reload: bool, source: str,
-                            restore_defect: "RestoreDefect | None" = None) -> KindRule:
-    """``restore_defect``: RESTORE_DRY_RUN where the release's restore reaches it unpatched."""
-    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload,
-                    reshard=Expected.RESHARD_REFUSED,
-                    source=_PER_CHANNEL_EXPERTS + source + "; " + _PER_CHANNEL_RESHARD,
-                    restore_defect=restore_defect, checked_on=_INTEGER_CHECKED)
+# What a routed-expert integer kind's amax is, and what it does at another expert TP (decided on
+# the GPU): the two rules differ only here.
+_INTEGER_EXPERTS = {PER_CHANNEL: (_PER_CHANNEL_EXPERTS, _PER_CHANNEL_RESHARD, Expected.RESHARD_REFUSED),
+                    PER_BLOCK: (_PER_BLOCK_EXPERTS, _PER_BLOCK_RESHARD, Expected.PASS)}
 
 
-def per_block_expert_rule(drops_on_reload: bool, source: str,
-                          restore_defect: "RestoreDefect | None" = None) -> KindRule:
-    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload,
-                    reshard=Expected.PASS,
-                    source=_PER_BLOCK_EXPERTS + source + "; " + _PER_BLOCK_RESHARD,
+def integer_expert_rule(kind: str, drops_on_reload: bool, source: str,
+                        restore_defect: "RestoreDefect | None" = None) -> KindRule:
+    """A per-channel or per-block routed-expert amax: the scalar's replica ids, its reshard as
+    the GPU decided; ``restore_defect``: RESTORE_DRY_RUN where the release's restore reaches it
+    unpatched."""
+    what, reshard_source, reshard = _INTEGER_EXPERTS[kind]
+    return KindRule(replica_rule_applies=True, lost_on_reload=drops_on_reload, reshard=reshard,
+                    source=what + source + "; " + reshard_source,
                     restore_defect=restore_defect, checked_on=_INTEGER_CHECKED)
 
 
@@ -649,8 +649,8 @@ def _expert_kinds(lost_on_reload: bool, source: str, restore_dry_run: bool = Fal
     the fix, ``Behaviour.kind_rule`` decides by its parts)."""
     defect = RESTORE_DRY_RUN if restore_dry_run else None
     return {STATIC_BLOCK: static_block_rule(),
-            PER_CHANNEL: per_channel_expert_rule(lost_on_reload, source, defect),
-            PER_BLOCK: per_block_expert_rule(lost_on_reload, source, defect),
+            **{kind: integer_expert_rule(kind, lost_on_reload, source, defect)
+               for kind in _INTEGER_EXPERTS},
             NO_AMAX: no_amax_rule()}
 
 
