@@ -16,7 +16,7 @@ from harness.check.expectation import Kinds, expectation, kinds_for
 from harness.check.plan import CellPlan
 from harness.check.recipes import disagreement, forecast
 from harness.check.versions import Behaviour, installed_mcore, plugin_problem
-from harness.records import Patch
+from harness.records import Expected, Patch
 from harness.tiers import on_cuda
 
 
@@ -34,6 +34,10 @@ class CellDecision:
     forecast_disagreement: str | None = None
     # the fix's parts that decided: what the ranks installed, else what the scenario asks for
     fix_parts: tuple[str, ...] = ()
+    # where ``expected`` is restore-dry-run (a nondeterministic defect): the expectation behind
+    # it, which judges the cell where the defect does not fire, and its one line (rule-unknown)
+    behind: str | None = None
+    behind_notice: str | None = None
 
     @property
     def expectations(self) -> str:
@@ -58,8 +62,16 @@ def decide(plan: CellPlan, modelopt: str | None, mcore: str | None,
     kinds = kinds_for(plan, recorded)
     parts = plan.fix_parts if fix_parts is None else tuple(fix_parts)
     word, why = expectation(plan, behaviour, kinds, parts, mcore)
+    behind = behind_why = None
+    if word == Expected.RESTORE_DRY_RUN:
+        behind, behind_why = expectation(plan, behaviour, kinds, parts, mcore, restore_defects=False)
+        why = (f"{versions.RESTORE_DRY_RUN.label} (harness/check/versions.py RESTORE_DRY_RUN): "
+               "nondeterministic, a stage that restores may die of it (known-refusal) or pass; "
+               f"where it passes the cell is judged as `{behind}`"
+               + (f": {behind_why}" if behind_why else ""))
     return CellDecision(
         modelopt=modelopt, mcore=mcore, behaviour=behaviour, expected=word, fix_parts=parts,
+        behind=behind, behind_notice=behind_why,
         notice=behaviour.notice(modelopt, mcore) or why, kinds=kinds,
         skip=version_skip_reason(plan, behaviour, modelopt, mcore),
         forecast_disagreement=disagreement(plan.recipe, forecast(plan.recipe, plan.families), recorded),

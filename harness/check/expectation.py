@@ -48,10 +48,10 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
                 restore_defects: bool = True) -> tuple[str, str | None]:
     """(pass | fail-save | fail-load | amax-lost | not-restored | reshard-refused |
     mtp-embedding-refused | restore-dry-run | rule-unknown, and for rule-unknown from a kind or a
-    model defect: one line naming what has no rule; for restore-dry-run: one line naming the defect
-    and the expectation behind it). ``mcore``: the megatron-core that ran (None: the installed
-    one). ``restore_defects`` False: the expectation behind a restore defect (what the cell is
-    judged by where that nondeterministic defect did not fire, harness/check/judge.py).
+    model defect: one line naming what has no rule). ``mcore``: the megatron-core that ran (None:
+    the installed one). ``restore_defects`` False: the expectation behind a restore defect (what
+    the cell is judged by where that nondeterministic defect did not fire:
+    harness/check/decision.py works it out once, beside the defect's).
 
     ``oracle`` mode: a pair with no rule, unknown kinds, or a (kind, family) the pair has no rule
     for predicts nothing; megatron-core's own refusal of a model tensor (MODEL_DEFECTS: MTP at
@@ -71,7 +71,7 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
     collision come first (its reference reload follows the save), then the save's reload, else the
     load's restore (before anything the load's validation or verify meets); a golden cell's load
     restores first of all. Nondeterministic: ``restore-dry-run`` means "passes (then judged by the
-    expectation behind it, named in the line), or dies of it".
+    expectation behind it), or dies of it".
     """
     if plan.recorded_expected is not None:
         return plan.recorded_expected, None
@@ -97,17 +97,10 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
     patched = plan.patch == Patch.FIX
     dry_run = restore_defect(plan, rules, patched) if restore_defects else None
 
-    def restore_refused() -> tuple[str, str]:
-        behind, why = expectation(plan, behaviour, kinds, fix_parts, mcore, restore_defects=False)
-        return Expected.RESTORE_DRY_RUN, (
-            f"{dry_run.label} (harness/check/versions.py RESTORE_DRY_RUN): nondeterministic, a "
-            f"stage that restores may die of it (known-refusal) or pass; where it passes the cell "
-            f"is judged as `{behind}`" + (f": {why}" if why else ""))
-
     if behaviour.cannot_save and plan.backend == Backend.TE:  # every sharded_state_dict call raises
         return (Expected.FAIL_LOAD if plan.golden else Expected.FAIL_SAVE), None
     if plan.golden and dry_run:  # the golden's load restores ModelOpt's state first
-        return restore_refused()
+        return Expected.RESTORE_DRY_RUN, None
     if plan.golden and not patched and behaviour.golden_restore.get(plan.golden_layout) != Restore.RESTORED:
         return Expected.NOT_RESTORED, None
     rule = "expert-tp" if patched else behaviour.replica_rule
@@ -131,7 +124,7 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
     if fails(save):
         return Expected.FAIL_SAVE, None
     if dry_run:  # the save's reference reload, else the load's restore, before its validation
-        return restore_refused()
+        return Expected.RESTORE_DRY_RUN, None
     if defect:  # at the load
         return Expected.MTP_EMBEDDING_REFUSED, None
     if load and fails(load):

@@ -57,7 +57,7 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
         if known_restore_refusal(rec, save, blocked_by=cell.save.id):
             pass
         elif not known_model_refusal(rec, save, cell.save, cell, blocked_by=cell.save.id):
-            judged_behind_restore_defect(rec, cell, d)
+            judged_behind_restore_defect(rec, d)
             blocked(rec, save, cell.save.id)
     elif load is None:
         rec.outcome, rec.reason = Outcome.SKIPPED, "load stage not run"
@@ -234,21 +234,18 @@ def known_restore_refusal(rec: CellRecord, stage: StageResult, blocked_by: str |
     return True
 
 
-def judged_behind_restore_defect(rec: CellRecord, cell: CellPlan, d: CellDecision) -> None:
+def judged_behind_restore_defect(rec: CellRecord, d: CellDecision) -> None:
     """Where ``restore-dry-run`` was expected and the defect did not fire (it is nondeterministic:
     the stage passed, or failed of something else), the cell is judged by the expectation behind
-    it (the same rule without the restore defect), which the record then holds; its notice says
-    the defect was expected first and did not fire."""
+    it (``d.behind``: the same rule without the restore defect), which the record then holds; its
+    notice says the defect was expected first and did not fire."""
     if rec.expected != Expected.RESTORE_DRY_RUN:
         return
-    from harness.check.expectation import expectation
-
-    behind, why = expectation(cell, d.behaviour, d.kinds, d.fix_parts, d.mcore, restore_defects=False)
-    rec.expected = behind
-    rec.notice = ((f"{why}; " if why else "")
+    rec.expected = d.behind
+    rec.notice = ((f"{d.behind_notice}; " if d.behind_notice else "")
                   + f"{Expected.RESTORE_DRY_RUN} was expected first ({versions.RESTORE_DRY_RUN.label}, "
                   "harness/check/versions.py RESTORE_DRY_RUN) and did not fire: it is "
-                  f"nondeterministic, so the cell is judged as `{behind}`")
+                  f"nondeterministic, so the cell is judged as `{d.behind}`")
 
 
 def model_defect_gone(rec: CellRecord, stage: str, topology) -> None:
@@ -330,8 +327,7 @@ def save_only(rec: CellRecord, save: StageResult, topology, d: CellDecision,
               cell: CellPlan | None = None) -> None:
     if known_restore_refusal(rec, save):
         return
-    if cell is not None:
-        judged_behind_restore_defect(rec, cell, d)
+    judged_behind_restore_defect(rec, d)
     if not save.ok:
         if cell is None or not known_model_refusal(rec, save, topology, cell):
             failed_stage(rec, save, Expected.FAIL_SAVE, d)
@@ -439,7 +435,7 @@ def _load(rec: CellRecord, stage: StageResult, cell: CellPlan, d: CellDecision) 
     known_gaps = cell.known_gaps
     if known_restore_refusal(rec, stage):  # its restore, before anything else the load meets
         return
-    judged_behind_restore_defect(rec, cell, d)
+    judged_behind_restore_defect(rec, d)
     if not stage.ok:
         failed_stage(rec, stage, Expected.FAIL_LOAD, d)
         if rec.expected == Expected.NOT_RESTORED and not stage.timed_out and is_amax_refusal(stage.cause):
