@@ -136,18 +136,10 @@ def wrap_post_restore(post_restore):
     checkpoint's value; the grouped linear's per-expert shape check re-calibrates it if it no
     longer fits the weight.
     """
-    from modelopt.torch.quantization.nn import GroupedQuantizer, TensorQuantizer
 
     @functools.wraps(post_restore)
     def modelopt_post_restore(self, prefix: str = ""):
-        wq = getattr(self, "weight_quantizer", None)
-        kept = []
-        if isinstance(wq, GroupedQuantizer):
-            kept = [
-                (q, q._amax)
-                for q in wq.modules()
-                if isinstance(q, TensorQuantizer) and getattr(q, "_amax", None) is not None
-            ]
+        kept = [(q, q._amax) for q in static_block.expert_amax_holders(self)]
         post_restore(self, prefix=prefix)
         weight = getattr(self, "weight", None)
         for q, amax in kept:

@@ -68,6 +68,19 @@ def expert_quantizers(module) -> list:
     return list(wq) if isinstance(wq, GroupedQuantizer) else []
 
 
+def expert_amax_holders(module) -> list:
+    """Every TensorQuantizer under a grouped linear's ``GroupedQuantizer`` (a member, or a
+    member's SequentialQuantizer levels) that holds an ``_amax``; [] without one. Parts (b) and
+    (g) both act on exactly these."""
+    from modelopt.torch.quantization.nn import GroupedQuantizer, TensorQuantizer
+
+    wq = getattr(module, "weight_quantizer", None)
+    if not isinstance(wq, GroupedQuantizer):
+        return []
+    return [q for q in wq.modules()
+            if isinstance(q, TensorQuantizer) and getattr(q, "_amax", None) is not None]
+
+
 def expert_tp_group(module):
     """The expert tensor-parallel group a grouped linear's weights are sharded over:
     ``TEGroupedLinear`` builds them with ``self._tp_group`` (``pg_collection.expt_tp``)."""

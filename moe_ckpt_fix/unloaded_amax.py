@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 
+from . import static_block
+
 MARK = "__moe_ckpt_fix_unloaded_amax__"  # on every function this module installs (idempotency)
 _ANY_MARK = "__moe_ckpt_fix__"  # the package's common mark (tests look for it)
 DESCRIPTION = ("(g) _QuantTEGroupedLinear.modelopt_post_restore's per-expert dry run sees no "
@@ -36,24 +38,13 @@ def valid_amax(amax):
     return torch.where(amax >= 0, amax, torch.zeros_like(amax))
 
 
-def expert_amax_quantizers(module) -> list:
-    """The TensorQuantizers under ``module.weight_quantizer`` that hold an ``_amax``."""
-    from modelopt.torch.quantization.nn import TensorQuantizer
-
-    wq = getattr(module, "weight_quantizer", None)
-    if wq is None:
-        return []
-    return [q for q in wq.modules()
-            if isinstance(q, TensorQuantizer) and getattr(q, "_amax", None) is not None]
-
-
 def wrap_post_restore(post_restore):
     @functools.wraps(post_restore)
     def modelopt_post_restore(self, prefix: str = ""):
         import torch
 
         with torch.no_grad():
-            for q in expert_amax_quantizers(self):
+            for q in static_block.expert_amax_holders(self):
                 q._amax.copy_(valid_amax(q._amax))
         post_restore(self, prefix=prefix)
 
