@@ -88,19 +88,29 @@ def fork_refusal() -> str | None:
     return None
 
 
+PROBE_WAIT_S = 10.0  # a forked probe child reads one flag and exits
+
+
 def child_in_bad_fork() -> bool:
     """Whether a child forked now would be in torch's bad-fork state. torch poisons forks once
     the CUDA runtime is asked anything (torch/csrc/cuda/Module.cpp ``poison_fork``, e.g. in
     ``_cuda_getDeviceCount`` behind ``torch.cuda.is_available()``) while ``is_initialized()``
     stays False: on the GPU host (H100, 2026-12-06) the preload of torch, Transformer Engine and
     megatron-core did so and every forked rank failed. Only a forked child can tell: one is
-    forked here, answers by its exit code, and is reaped."""
+    forked here, answers by its exit code, and is reaped (killed after PROBE_WAIT_S, and then
+    counted as poisoned: a fork that cannot even answer is no place for ranks)."""
     pid = os.fork()
     if pid == 0:  # the child: no cleanup, no atexit, only the answer
         bad = sys.modules["torch"].cuda._is_in_bad_fork()
         os._exit(1 if bad else 0)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 1
+    deadline = time.time() + PROBE_WAIT_S
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.time() > deadline:  # a probe that does not answer: killed, the fork refused
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return True
+        time.sleep(0.01)
+    return os.waitstatus_to_exitcode(done[1]) == 1
 
 
 def native_threads() -> int:
