@@ -26,10 +26,10 @@ def cmd_recipes(args) -> int:
     (harness/rank/recipe_survey.py), as a table (harness/report/recipes.py) or JSON."""
     from harness.check.versions import behaviour_for, installed_modelopt
     from harness.report.recipes import table
-    from harness.run.recipes import survey
+    from harness.rank.recipe_survey import in_own_process
 
     try:
-        doc = survey(args.recipe)
+        doc = in_own_process(args.recipe)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -49,10 +49,10 @@ def test_every_quantize_config_constant_is_enumerated():
 
 @pytest.fixture(scope="module")
 def rows():
-    from harness.run.recipes import survey
+    from harness.rank.recipe_survey import in_own_process
 
     refs = ["mtq:NVFP4_DEFAULT_CFG", "mtq:FP8_KV_CFG", "mtq:INT8_SMOOTHQUANT_CFG"]
-    return {r["recipe"]: r for r in survey(refs, timeout_s=600)["rows"]}
+    return {r["recipe"]: r for r in in_own_process(refs, timeout_s=600)["rows"]}
 
 
 def test_the_survey_forecasts_from_the_config_and_calibrates_on_the_cpu_model(rows):

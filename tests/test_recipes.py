@@ -123,9 +123,9 @@ def test_the_forecast_is_checked_against_what_the_save_recorded():
 def surveyed():
     """What the recipe survey (ModelOpt's own config matching and calibration, in a process of
     its own: harness/rank/recipe_survey.py) makes of each known recipe on the cpu tier's model."""
-    from harness.run.recipes import survey
+    from harness.rank.recipe_survey import in_own_process
 
-    return {r["recipe"]: r for r in survey(sorted(KNOWN_RECIPES), timeout_s=600)["rows"]}
+    return {r["recipe"]: r for r in in_own_process(sorted(KNOWN_RECIPES), timeout_s=600)["rows"]}
 
 
 @pytest.mark.parametrize("ref", sorted(KNOWN_RECIPES))

@@ -162,6 +162,34 @@ def main(refs: list[str], forecast_only: bool = False) -> dict:
             f"experts, a shared expert, {SURVEY_TOPOLOGY}", "rows": rows}
 
 
+SURVEY_MODULE = "harness.rank.recipe_survey"
+SURVEY_TIMEOUT_S = 1800.0
+
+
+def in_own_process(refs: list[str], forecast_only: bool = False,
+                   timeout_s: float = SURVEY_TIMEOUT_S) -> dict:
+    """The survey's document from ``python -m harness.rank.recipe_survey`` in a process of its
+    own, bounded (its whole group killed past ``timeout_s``): it builds the cpu model, initialises
+    a process group and calibrates, none of which the calling controller should hold. The one
+    launcher for ``python -m harness recipes`` and a job's own recipe file (report/jobs.py)."""
+    import subprocess
+
+    from harness.bounded import run
+    from harness.paths import REPO_ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    argv = [sys.executable, "-m", SURVEY_MODULE, *([FORECAST_ONLY] if forecast_only else []), *refs]
+    done = run(argv, timeout_s, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+               stderr=subprocess.PIPE, text=True)
+    line = next((l for l in (done.stdout or "").splitlines() if l.startswith(PREFIX)), None)
+    if done.timed_out:
+        raise RuntimeError(f"the recipe survey ran past {timeout_s:.0f} s")
+    if done.returncode != 0 or line is None:
+        tail = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the recipe survey failed (exit {done.returncode}): {tail[0]}")
+    return json.loads(line[len(PREFIX):])
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     doc = main([a for a in args if a != FORECAST_ONLY], FORECAST_ONLY in args)

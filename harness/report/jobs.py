@@ -235,41 +235,16 @@ _KINDS_CACHE: dict[str, dict[str, list[str]]] = {}
 
 def _survey_kinds(ref: str, where: str) -> dict[str, list[str]]:
     if ref not in _KINDS_CACHE:
+        from harness.rank import recipe_survey
+
         try:
-            (row,) = _forecast([ref])["rows"]
+            (row,) = recipe_survey.in_own_process([ref], forecast_only=True, timeout_s=300.0)["rows"]
         except RuntimeError as exc:
             raise ProfileError(f"{where}.profile.recipe: {ref}: {exc}") from None
         if "forecast" not in row:
             raise ProfileError(f"{where}.profile.recipe: {ref}: {row.get('left_out') or 'no forecast'}")
         _KINDS_CACHE[ref] = row["forecast"]
     return _KINDS_CACHE[ref]
-
-
-def _forecast(refs: list[str], timeout_s: float = 300.0) -> dict:
-    """The recipe survey's forecast of ``refs`` (harness/rank/recipe_survey.py --forecast-only),
-    in a process of its own, bounded (its whole group killed past ``timeout_s``): it builds the
-    cpu model and initialises a process group. (harness/run/recipes.py runs the whole survey the
-    same way; report/ may not import run/, which imports report/.)"""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from harness import bounded
-    from harness.paths import REPO_ROOT
-    from harness.rank.recipe_survey import FORECAST_ONLY, PREFIX
-
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    done = bounded.run([sys.executable, "-m", "harness.rank.recipe_survey", FORECAST_ONLY, *refs],
-                       timeout_s, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-    line = next((l for l in (done.stdout or "").splitlines() if l.startswith(PREFIX)), None)
-    if done.timed_out:
-        raise RuntimeError(f"the recipe survey ran past {timeout_s:.0f} s")
-    if done.returncode != 0 or line is None:
-        tail = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"the recipe survey failed (exit {done.returncode}): {tail[0]}")
-    return json.loads(line[len(PREFIX):])
 
 
 def job_cells(job: Job, scenario: Scenario) -> list[Cell]:

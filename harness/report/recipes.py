@@ -4,7 +4,7 @@ through ModelOpt's own matching), what a calibration on the cpu tier's model mad
 refusal there, and whether each (kind, family) has a rule under the installed pair.
 
 Why: the enumeration is ModelOpt's, never a hand-kept list (harness/rank/recipe_survey.py walks
-the installed wheel in a process of its own, started by harness/run/recipes.py); this module only
+the installed wheel in a process of its own, started by its own ``in_own_process``); this module only
 reads its JSON document and says
 what was derived where: the cpu tier has no Transformer Engine, so its experts are SequentialMLP
 and what ModelOpt does to TE grouped experts needs a GPU save to confirm.
