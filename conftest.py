@@ -252,6 +252,30 @@ def made_checkpoints(tmp_path_factory) -> dict[str, Path]:
     return make_checkpoints(tmp_path_factory.mktemp("made-ckpts"), made_checkpoint_specs())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_parents_per_worker(tmp_path_factory):
+    """Issue 55: each fork-mode run (the cpu tier's default) would start a warm parent that
+    imports the stack (6-10 core-seconds here) and close it at the run's end; this worker keeps
+    them across its runs instead, in its own basetemp, outside every test's tmp_path (no test's
+    process search finds them there), and closes them at the end. A test about a run's own
+    parent uses ``own_warm_parent``. In-process only: a CLI the tests start keeps the default."""
+    from harness.launch.warm import WARM
+
+    WARM.keep_across_runs(tmp_path_factory.mktemp("warm-parents", numbered=False))
+    yield
+    WARM.close_all()
+    WARM.keep_across_runs(None)
+
+
+@pytest.fixture
+def own_warm_parent(monkeypatch):
+    """A run of this test starts its own warm parent in its pools directory and closes it at
+    its end, as outside pytest: for tests about that parent (its start, refusal, teardown)."""
+    from harness.launch.warm import WARM
+
+    monkeypatch.setattr(WARM, "kept_in", None)
+
+
 @pytest.fixture
 def cell(request):
     """The parametrized cell; a bad scenario file's item fails here with the file's one line."""

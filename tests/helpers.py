@@ -50,7 +50,8 @@ def start_cli(root: Path, *args: str, env: dict | None = None) -> subprocess.Pop
 
 def stage_processes(root: Path) -> list[int]:
     """Processes whose stage or warm pool directory lies under ``root`` (ranks and torchrun;
-    pool ranks get their stage directory per job, so they are found by their pool's)."""
+    pool ranks get their stage directory per job, so they are found by their pool's), and
+    those of the warm parents this worker keeps (``kept_parent_stages``)."""
     out = []
     for p in psutil.process_iter(["pid"]):
         try:
@@ -59,11 +60,12 @@ def stage_processes(root: Path) -> list[int]:
                 out.append(p.pid)
         except psutil.Error:
             continue
-    return out
+    return out + kept_parent_stages()
 
 
 def pool_processes(root: Path) -> list[int]:
-    """Live processes of any pool under ``root`` (the pool dir is in their environment)."""
+    """Live processes of any pool under ``root`` (the pool dir is in their environment), and
+    those of the warm parents this worker keeps (``kept_parent_stages``)."""
     out = []
     for p in psutil.process_iter(["pid"]):
         try:
@@ -72,7 +74,19 @@ def pool_processes(root: Path) -> list[int]:
                 out.append(p.pid)
         except psutil.Error:
             continue
-    return out
+    return out + kept_parent_stages()
+
+
+def kept_parent_stages() -> list[int]:
+    """The stage agents and ranks of the warm parents kept across this worker's runs (conftest.py
+    ``warm_parents_per_worker``), the parents themselves left out: a forked rank shows its
+    parent's environment, whose directory lies outside any test's, so a run's leftover rank
+    would hide there; between stages a kept parent runs none."""
+    from harness.launch import pool
+    from harness.launch.warm import WARM
+
+    return [p.pid for parent in WARM.kept() for p in pool.pool_processes(parent.dir)
+            if parent.proc is None or p.pid != parent.proc.pid]
 
 
 def wait_for(pred, timeout_s: float) -> bool:

@@ -111,3 +111,36 @@ def test_make_repro_starts_the_grids_warm_parent_before_its_probe(monkeypatch, t
     assert started[0].tier == Tier.CPU and started[0].root == str(run.root)
     gpu = run_cells_module.select_cells(scenarios, GPU_REPRO_CELLS)
     assert run_cells_module.prestart_warm_parents(gpu, run) == 0 and len(started) == 1
+
+
+def test_a_kept_parent_serves_every_run_of_its_key_and_outlives_their_ends(tmp_path, monkeypatch):
+    """keep_across_runs (a pytest worker, conftest.py): runs in two roots get one parent, in the
+    kept directory, which end_run leaves alive; a variable outside the pool key's prefixes makes
+    another; without it each run's parent lives in its run and end_run closes it."""
+    from harness.launch import warm as launch_warm
+
+    class Proc:
+        pid = 0
+
+        def poll(self):
+            return None
+
+    closed = []
+    monkeypatch.setattr(launch_warm.WarmParent, "start", lambda self: setattr(self, "proc", Proc()) or self)
+    monkeypatch.setattr(launch_warm.WarmParent, "close", lambda self: closed.append(self))
+    parents = launch_warm.WarmParents()
+    parents.keep_across_runs(tmp_path / "kept")
+    first = parents.get(launch_warm.parent_key("cpu", "none", "local", tmp_path / "run1"))
+    parents.end_run()
+    assert parents.get(launch_warm.parent_key("cpu", "none", "local", tmp_path / "run2")) is first
+    assert first.dir.parent == (tmp_path / "kept" / "pools").resolve() and closed == []
+    monkeypatch.setenv("PYTORCH_SOMETHING_READ_AT_IMPORT", "1")
+    other = parents.get(launch_warm.parent_key("cpu", "none", "local", tmp_path / "run2"))
+    assert other is not first and parents.kept() and set(parents.kept()) == {first, other}
+    parents.keep_across_runs(None)
+    own = parents.get(launch_warm.parent_key("cpu", "none", "local", tmp_path / "run3"))
+    assert own.dir.parent == (tmp_path / "run3" / "pools").resolve()
+    parents.end_run()
+    assert closed == [own]
+    parents.close_all()
+    assert set(closed) == {own, first, other} and parents.kept() == []

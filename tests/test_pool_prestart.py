@@ -23,6 +23,7 @@ CELLS = [f"cpu-reshard[save={SAVE},save-only]",
 
 
 @pytest.mark.cpu
+@pytest.mark.usefixtures("own_warm_parent")  # the fork run's parent: one, in its run, closed
 def test_repro_flow_prestarts_the_save_pool_that_serves_the_save_and_its_load(tmp_path, monkeypatch):
     """make repro's GPU flow (run/repro.py), cpu-tier cells standing in for its GPU cells, against
     the fresh torchrun per stage: the smallest pool-mode equivalence (tests/test_pool.py has the

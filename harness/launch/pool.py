@@ -41,6 +41,11 @@ JOB_ENV = ("HARNESS_INJECT",)
 _KEY_ENV_PREFIXES = ("HARNESS_", "TORCH_", "NCCL_", "CUDA_", "MOE_CKPT_", "OMP_", "PYTHONPATH")
 _NOT_KEY = {*JOB_ENV, "HARNESS_STAGE_MODE", "HARNESS_STAGE_DIR", "HARNESS_STAGE", "HARNESS_STAGE_TOKEN",
             "HARNESS_STAGE_TIMEOUT_S"}
+# Variables that change in a pytest worker between runs but mean nothing to a warm parent:
+# pytest's name of the running test; the inductor cache directory torch writes back into the
+# controller's environment the first time it asks (torch/_inductor/runtime/cache_dir_utils.py),
+# the default a rank computes the same way.
+UNKEYED_ENV = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
 STOP_WAIT_S = 10.0  # a stopped pool's ranks leave in well under a second
 
 
@@ -56,8 +61,11 @@ def stage_mode(tier: str | None = None) -> str:
     return mode
 
 
-def key_environment() -> dict[str, str]:
-    """The controller's variables a pool's key holds (those its ranks read at start)."""
+def key_environment(whole: bool = False) -> dict[str, str]:
+    """The controller's variables a pool's key holds (those its ranks read at start); ``whole``:
+    every variable but UNKEYED_ENV (a warm parent kept across runs, launch/warm.py)."""
+    if whole:
+        return {k: v for k, v in os.environ.items() if k not in UNKEYED_ENV}
     return {k: v for k, v in os.environ.items() if k.startswith(_KEY_ENV_PREFIXES)}
 
 
@@ -75,8 +83,8 @@ class PoolKey:
 
     @classmethod
     def of(cls, world: int, tier: str, patch: str, backend: str, root: Path,
-           extra_env: dict | None = None) -> "PoolKey":
-        env = key_environment()
+           extra_env: dict | None = None, whole_environment: bool = False) -> "PoolKey":
+        env = key_environment(whole_environment)
         env.update({k: str(v) for k, v in (extra_env or {}).items()})
         return cls(world, tier, patch, backend, str(Path(root).resolve()),
                    tuple(sorted((k, v) for k, v in env.items() if k not in _NOT_KEY)))

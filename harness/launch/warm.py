@@ -14,7 +14,9 @@ code as a fresh one (error files, rank deaths, timeout with stack dumps, the shu
 the session kill) and returns the same StageRun. A stage's failure kills its agent's session,
 never the parent; a parent that dies or has not forked a stage's agent by the stage's end is
 killed and replaced. Parents live in ``<run>/pools/fork-...`` and carry ``HARNESS_POOL_DIR`` like
-a pool's ranks, so the same search finds every process of theirs. A parent whose preload leaves
+a pool's ranks, so the same search finds every process of theirs. A controller that runs many
+short runs (a pytest worker: conftest.py) may keep its parents across runs instead
+(``WarmParents.keep_across_runs``). A parent whose preload leaves
 forks unusable (ready.json ``refuses_fork``: the GPU host's stack, docs/benchmarks.md) has its
 stages run as fresh torchrun instead.
 """
@@ -203,28 +205,55 @@ class WarmParent:
 
 
 class WarmParents:
-    """A live warm parent per key, started by the first stage that needs it; ``close_all`` at
-    the end of every run (run/cells.py) and at exit."""
+    """A live warm parent per key, started by the first stage that needs it; closed at the end
+    of every run (``end_run``, run/cells.py) unless kept across runs, and at exit."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._parents: dict[PoolKey, WarmParent] = {}
         self._told: set[Path] = set()  # parents whose refusal to fork was printed
+        self._kept: set[WarmParent] = set()
+        self.kept_in: Path | None = None
         self.started = 0
+
+    def keep_across_runs(self, directory: Path | None) -> None:
+        """From now on, parents live in ``directory`` and serve every later run whose key matches
+        but for its root, until ``close_all``: a pytest worker (conftest.py) runs dozens of short
+        runs, each of which would otherwise pay a parent's imports (6-10 core-seconds on the cpu
+        tier). None: a parent per run, in its pools directory (the CLI's, always)."""
+        self.kept_in = None if directory is None else Path(directory).resolve()
+
+    def _kept_key(self, key: PoolKey) -> PoolKey:
+        """``key`` for a parent kept across runs: no run's root, and the whole environment.
+        Within a run the controller's environment holds still, so key_environment's prefixes
+        are enough; across a worker's tests any variable the preload reads at import
+        (PYTORCH_*, KMP_*, PYTHON*, ...) may differ, and the parent must not outlive it."""
+        return PoolKey.of(key.world, key.tier, key.patch, key.backend, self.kept_in,
+                          dict(key.env), whole_environment=True)  # the run's rank env wins
 
     def get(self, key: PoolKey) -> WarmParent:
         dead = None
+        if self.kept_in is not None:
+            key = self._kept_key(key)
         with self._lock:
             parent = self._parents.get(key)
             if parent is None or not parent.alive:
                 dead = parent
+                self._kept.discard(dead)
                 self.started += 1
                 stem = f"fork-{key.tier}-{key.patch}-p{os.getpid()}-{self.started}"
                 parent = WarmParent(key, RunDir(Path(key.root)).new_pool(stem)).start()
                 self._parents[key] = parent
+                if self.kept_in is not None:
+                    self._kept.add(parent)
         if dead is not None:
             dead.kill()
         return parent
+
+    def kept(self) -> list[WarmParent]:
+        """The parents kept across runs, live or not."""
+        with self._lock:
+            return list(self._kept)
 
     def run(self, key: PoolKey, stage: str, stage_dir: Path, nproc: int, rank_args: list[str],
             timeout_s: float, env: dict | None = None, **kw) -> StageRun:
@@ -244,9 +273,18 @@ class WarmParents:
             return run_stage(stage, stage_dir, nproc, rank_args, timeout_s, env, **kw)
         return parent.run(stage, stage_dir, nproc, rank_args, timeout_s, env, waited=waited, **kw)
 
+    def end_run(self) -> None:
+        """A run's end: its parents never outlive it, but those kept across runs."""
+        self._close(lambda p: p not in self._kept)
+
     def close_all(self) -> None:
+        self._close(lambda p: True)
+
+    def _close(self, which) -> None:
         with self._lock:
-            parents, self._parents = list(self._parents.values()), {}
+            parents = [p for p in self._parents.values() if which(p)]
+            self._parents = {k: p for k, p in self._parents.items() if p not in parents}
+            self._kept.difference_update(parents)
         for p in parents:
             p.close()
 

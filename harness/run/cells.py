@@ -136,7 +136,7 @@ def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=None,
             list(pool.map(one, _phase_order([c for c in cells if c.load is not None], Stage.LOAD)))
     finally:
         POOLS.close_all()  # warm rank pools (HARNESS_STAGE_MODE=pool) never outlive a run
-        WARM.close_all()  # nor warm parents (fork)
+        WARM.end_run()  # nor warm parents (fork), unless kept across runs (pytest)
     doc = collect(run, versions(), interrupted=shutdown_signal())
     print(markdown_summary(doc), file=out)
     print(f"results: {run.results}", file=out)
