@@ -13,6 +13,7 @@ A pair not listed gets ``UNKNOWN`` ("rule unknown"): nothing is predicted, its c
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from packaging.specifiers import SpecifierSet
@@ -509,13 +510,16 @@ def measures_logits(pp: int, cuda: bool) -> bool:
     return pp == 1 or cuda
 
 
-def reload_keeps_state(patched: bool, local: bool, expert_rules: list) -> bool:
+def reload_keeps_state(patched: bool, local: bool,
+                       expert_rules: list | Callable[[], list]) -> bool:
     """Whether a save's reload of its checkpoint keeps ModelOpt's state, so its logits are a
     reference: patched, the local backend, or every routed-expert kind with a rule that loses
-    nothing on reload (unpatched 0.47.0's second bug leaves no trustworthy reference)."""
+    nothing on reload (unpatched 0.47.0's second bug leaves no trustworthy reference).
+    ``expert_rules`` may be a callable, asked only when needed (a rank imports ModelOpt for it)."""
     if patched or local:
         return True
-    return bool(expert_rules) and all(r is not None and not r.lost_on_reload for r in expert_rules)
+    rules = expert_rules() if callable(expert_rules) else expert_rules
+    return bool(rules) and all(r is not None and not r.lost_on_reload for r in rules)
 
 
 def reference_reload(patched: bool, local: bool, expert_rules: list, pp: int, cuda: bool) -> bool:

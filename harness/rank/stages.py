@@ -126,17 +126,16 @@ def _reload_keeps_state(spec: StageSpec, kinds: dict) -> bool:
     reads too (a reload restores ModelOpt's state: versions.RESTORE_DRY_RUN)."""
     from harness.check.versions import reload_keeps_state
 
-    patched, local = spec.patch == Patch.FIX, spec.backend == Backend.LOCAL
-    if patched or local:
-        return reload_keeps_state(patched, local, [])
-    import modelopt
+    def expert_rules() -> list:
+        import modelopt
 
-    from harness.check.versions import behaviour_for
-    from harness.model.recipes import EXPERTS
+        from harness.check.versions import behaviour_for
+        from harness.model.recipes import EXPERTS
 
-    behaviour = behaviour_for(modelopt.__version__)
-    rules = [behaviour.kind_rule(kind, EXPERTS) for kind in kinds.get(EXPERTS, ())]
-    return reload_keeps_state(False, False, rules)
+        behaviour = behaviour_for(modelopt.__version__)
+        return [behaviour.kind_rule(kind, EXPERTS) for kind in kinds.get(EXPERTS, ())]
+
+    return reload_keeps_state(spec.patch == Patch.FIX, spec.backend == Backend.LOCAL, expert_rules)
 
 
 class CheckpointFormatError(RuntimeError):
