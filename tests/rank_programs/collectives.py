@@ -37,7 +37,13 @@ def wait_for_every_rank() -> None:
     world = int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=False, timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
-    if store.add("collectives/arrived", 1) == world:
+    arrived = store.add("collectives/arrived", 1)
+    # One line per rank in its log: a clean fork-mode stage of tests/test_teardown.py once had
+    # all 4 ranks waiting here until the stage timeout (2026-12-07 clean-clone make test, seen
+    # once); which count each rank got, on which store, says next time whether they met at all.
+    print(f"[collectives] rank {os.environ['RANK']} arrived {arrived}/{world} at "
+          f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", flush=True)
+    if arrived == world:
         store.set("collectives/all-up", "1")
     store.wait(["collectives/all-up"])
 
