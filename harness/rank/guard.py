@@ -45,7 +45,7 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _stage_dir() -> Path:
+def current_stage_dir() -> Path:
     return Path(os.environ.get("HARNESS_STAGE_DIR", "."))
 
 
@@ -70,7 +70,7 @@ def _arm_stack_dumps(rank: int, stacks_dir: Path | None = None, limit_s: float |
     pool, harness/rank/serve.py, once per stage) points the handlers at the new file, cancels
     the previous timer and closes the previous file.
     """
-    path = (stacks_dir or _stage_dir() / "stacks") / f"rank{rank}.txt"
+    path = (stacks_dir or current_stage_dir() / "stacks") / f"rank{rank}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "w", buffering=1)  # kept open until the next re-arm (or the process ends)
     f.write(f"pid {os.getpid()}\n")
@@ -211,7 +211,7 @@ def leave(code: int = 0) -> NoReturn:
 def rank_main(stage: str, body: Callable[[], dict]) -> NoReturn:
     """Run one rank's stage body under the guard; never returns."""
     rank = _rank()
-    sd = _stage_dir()
+    sd = current_stage_dir()
     enter_stage(rank, sd)
     result = guarded(stage, rank, sd, body)
     # a failing teardown is still this rank's error

@@ -118,12 +118,17 @@ def native_threads() -> int:
 
 
 def rank_entry(rank_module: str, rank_args: list[str]) -> None:
-    """One forked rank: what ``python -m rank_module *rank_args`` runs. A rank that passes
-    returns (torch's agent waits for the entry point's return value) instead of os._exit(0)."""
+    """One forked rank: what ``python -m rank_module *rank_args`` runs, once every rank of the
+    stage is forked (rank/fork_store.py: a rank forked beside the store's resolver call would
+    hang). A rank that passes returns (torch's agent waits for the entry point's return value)
+    instead of os._exit(0)."""
     import runpy
 
-    from harness.rank import guard
+    from harness.rank import fork_store, guard
 
+    fork_store.wait_for_sibling_forks(guard.current_stage_dir(), os.environ["TORCHELASTIC_RUN_ID"],
+                                      int(os.environ["LOCAL_RANK"]),
+                                      int(os.environ["LOCAL_WORLD_SIZE"]))
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):  # not the agent's handlers:
         signal.signal(sig, signal.SIG_DFL)  # a SIGTERM ends a fresh rank (after its stack dump)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -196,7 +201,8 @@ def launch(job: dict) -> int:
     """torch's elastic launcher, as torchrun's own ``run`` calls it: one node, the job's ranks
     forked from this process, no restart. On a failure it prints torchrun's failure table
     (ChildFailedError), which failures.py reads. Rendezvous: torch's static one on the port the
-    controller picked (``rdzv_endpoint``). Not c10d, torchrun's: its dynamic rendezvous records
+    controller picked (``rdzv_endpoint``), its server on the IPv4 loopback (rank/fork_store.py:
+    no 5 s reverse-DNS stall per client). Not c10d, torchrun's: its dynamic rendezvous records
     each event with ``inspect.stack()``, whose module lookup walks sys.modules on every frame,
     about 1 s per stage in this image of a few thousand modules (0.1 s in torchrun's small one)."""
     import uuid
@@ -205,12 +211,15 @@ def launch(job: dict) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from harness.rank import fork_store
+
     stage_dir = Path(job["stage_dir"])
     if "OMP_NUM_THREADS" not in os.environ and int(job["nproc"]) > 1:
         os.environ["OMP_NUM_THREADS"] = "1"  # what torchrun's own run.py sets (config_from_args)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=int(job["nproc"]), run_id=uuid.uuid4().hex,
-        rdzv_backend="static", rdzv_endpoint=job["rdzv_endpoint"], rdzv_configs={"rank": 0},
+        rdzv_backend=fork_store.register(), rdzv_endpoint=job["rdzv_endpoint"],
+        rdzv_configs={"rank": 0},
         max_restarts=0,
         monitor_interval=MONITOR_INTERVAL_S, start_method="fork",
         logs_specs=DefaultLogsSpecs(log_dir=str(stage_dir / "elastic")))
