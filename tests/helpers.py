@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 
 from harness import bounded as bounded_process
+from harness.launch.pool import processes_where
 from harness.paths import REPO_ROOT
 
 # tools/gitlab-ci-local.sh: the pin is its default unless GITLAB_CI_LOCAL_VERSION overrides it
@@ -52,29 +52,17 @@ def stage_processes(root: Path) -> list[int]:
     """Processes whose stage or warm pool directory lies under ``root`` (ranks and torchrun;
     pool ranks get their stage directory per job, so they are found by their pool's), and
     those of the warm parents this worker keeps (``kept_parent_stages``)."""
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            env = p.environ()
-            if any(str(root) in env.get(k, "") for k in ("HARNESS_STAGE_DIR", "HARNESS_POOL_DIR")):
-                out.append(p.pid)
-        except psutil.Error:
-            continue
-    return out + kept_parent_stages()
+    under = [p.pid for p in processes_where(
+        lambda env: any(str(root) in env.get(k, "") for k in ("HARNESS_STAGE_DIR", "HARNESS_POOL_DIR")),
+        zombies=True)]
+    return under + kept_parent_stages()
 
 
 def pool_processes(root: Path) -> list[int]:
     """Live processes of any pool under ``root`` (the pool dir is in their environment), and
     those of the warm parents this worker keeps (``kept_parent_stages``)."""
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if str(root) in p.environ().get("HARNESS_POOL_DIR", "") \
-                    and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except psutil.Error:
-            continue
-    return out + kept_parent_stages()
+    under = processes_where(lambda env: str(root) in env.get("HARNESS_POOL_DIR", ""))
+    return [p.pid for p in under] + kept_parent_stages()
 
 
 def kept_parent_stages() -> list[int]:
@@ -82,10 +70,10 @@ def kept_parent_stages() -> list[int]:
     ``warm_parents_per_worker``), the parents themselves left out: a forked rank shows its
     parent's environment, whose directory lies outside any test's, so a run's leftover rank
     would hide there; between stages a kept parent runs none."""
-    from harness.launch import pool
+    from harness.launch.pool import pool_processes as processes_of_pool
     from harness.launch.warm import WARM
 
-    return [p.pid for parent in WARM.kept() for p in pool.pool_processes(parent.dir)
+    return [p.pid for parent in WARM.kept() for p in processes_of_pool(parent.dir)
             if parent.proc is None or p.pid != parent.proc.pid]
 
 

@@ -303,17 +303,24 @@ class PoolSet:
             p.close()
 
 
-def pool_processes(pool_dir: Path) -> list[psutil.Process]:
-    """Live processes started for the pool in ``pool_dir`` (it is in their environment)."""
+def processes_where(env_matches, *, zombies: bool = False) -> list[psutil.Process]:
+    """Processes but this one whose environment ``env_matches`` (a dict -> bool): the harness
+    marks every process it starts by a directory in its environment (HARNESS_POOL_DIR,
+    HARNESS_STAGE_DIR), and this is the one scan that finds them."""
     out = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.pid != os.getpid() and p.environ().get("HARNESS_POOL_DIR") == str(pool_dir) \
-                    and p.status() != psutil.STATUS_ZOMBIE:
+            if p.pid != os.getpid() and env_matches(p.environ()) \
+                    and (zombies or p.status() != psutil.STATUS_ZOMBIE):
                 out.append(p)
         except psutil.Error:
             continue
     return out
+
+
+def pool_processes(pool_dir: Path) -> list[psutil.Process]:
+    """Live processes started for the pool in ``pool_dir`` (it is in their environment)."""
+    return processes_where(lambda env: env.get("HARNESS_POOL_DIR") == str(pool_dir))
 
 
 POOLS = PoolSet()
