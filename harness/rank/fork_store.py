@@ -15,8 +15,9 @@ cpu machine (2026-12-07, torch 2.13.0, glibc resolver, ``bench/fork_resolver.py`
   forked before it touches the network: no rank connects, so the server resolves nothing, while
   the agent forks.
 * The server listens on IPv6 (dual stack), so a local client's address is IPv4-mapped
-  (``::ffff:127.0.0.1``), which /etc/hosts does not list: the reverse lookup goes to DNS, and
-  where the name server does not answer (this machine) the whole store stalls 5 s per lookup.
+  (``::ffff:127.0.0.1``), which /etc/hosts does not list: the reverse lookup goes to DNS. In a
+  forked agent here it often went unanswered, a 5 s stall of the whole store (a fresh torchrun's
+  agent, same listener, did not stall: why is not established; docs/benchmarks.md).
   ``Ipv4StaticRendezvous`` is torch's static rendezvous with the server on an IPv4 socket of
   the loopback: a client is then ``127.0.0.1``, which /etc/hosts answers.
 """
