@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from harness import bounded as bounded_process
 from harness.launch.pool import processes_where
 from harness.paths import REPO_ROOT
@@ -70,10 +69,10 @@ def kept_parent_stages() -> list[int]:
     ``warm_parents_per_worker``), the parents themselves left out: a forked rank shows its
     parent's environment, whose directory lies outside any test's, so a run's leftover rank
     would hide there; between stages a kept parent runs none."""
-    from harness.launch.pool import pool_processes as processes_of_pool
+    from harness.launch import pool
     from harness.launch.warm import WARM
 
-    return [p.pid for parent in WARM.kept() for p in processes_of_pool(parent.dir)
+    return [p.pid for parent in WARM.kept() for p in pool.pool_processes(parent.dir)
             if parent.proc is None or p.pid != parent.proc.pid]
 
 

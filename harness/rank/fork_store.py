@@ -8,9 +8,10 @@ cpu machine (2026-12-07, torch 2.13.0, glibc resolver, ``bench/fork_resolver.py`
 
 * A rank forked while that thread is inside the resolver inherits glibc's resolver lock held
   (``resolv_conf.c`` ``lock``; glibc does not reset it in a fork child) and hangs forever at its
-  own first resolver call: the TCPStore client's ``formatSockAddr``, or gloo's device lookup.
+  own first resolver call (every hung child caught: the TCPStore client's ``formatSockAddr``).
   Its peers then time out waiting for it (CI, 2026-12-07: ``DistStoreError wait timeout after
-  60000ms, keys: /default_pg/0//cpu//0/3`` in a cell that passes on every other run).
+  60000ms, keys: /default_pg/0//cpu//0/3`` in a cell that passes on every other run: rank 3
+  never published its gloo address; where it stopped was not recorded).
   ``wait_for_sibling_forks`` makes each forked rank wait until all of its stage's ranks are
   forked before it touches the network: no rank connects, so the server resolves nothing, while
   the agent forks.
