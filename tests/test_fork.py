@@ -4,6 +4,7 @@ lines its stage agents write that the watcher reads. The stages themselves: test
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 import pytest
@@ -144,3 +145,44 @@ def test_a_kept_parent_serves_every_run_of_its_key_and_outlives_their_ends(tmp_p
     assert closed == [own]
     parents.close_all()
     assert set(closed) == {own, first, other} and parents.kept() == []
+
+
+def test_the_stage_agent_asks_for_cuda_through_nvml_and_its_ranks_keep_the_stage_env(
+        tmp_path, monkeypatch):
+    """torch's LaunchConfig asks torch.cuda.is_available() for its NUMA defaults. The stage
+    agent's environment is the stage's, without the parent's PYTORCH_NVML_BASED_CUDA_CHECK: asked
+    through the CUDA runtime, that poisoned every fork on the H100 host (2026-12-07, all 8 ranks
+    of each stage: 'Cannot re-initialize CUDA in forked subprocess'). The agent asks through
+    NVML, and the ranks it starts see the stage's environment, as under a fresh torchrun."""
+    import torch
+    from torch.distributed import launcher
+
+    asked, launched = [], []
+    monkeypatch.delenv(warm.NVML_CHECK, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(
+        os.environ.get(warm.NVML_CHECK)) or False)
+
+    def fake_launch(config, entry):
+        return lambda *args: launched.append(os.environ.get(warm.NVML_CHECK))
+
+    monkeypatch.setattr(launcher.api, "elastic_launch", fake_launch)
+    monkeypatch.setattr(warm, "cuda_compiled", lambda: False)
+    job = {"stage_dir": str(tmp_path), "nproc": 2, "rdzv_endpoint": "127.0.0.1:1",
+           "rank_module": "harness.rank", "rank_args": []}
+    assert warm.launch(job) == 0
+    assert asked == ["1"], "LaunchConfig asked the CUDA runtime"
+    assert launched == [None], "the ranks' environment kept the agent's NVML setting"
+
+
+def test_a_stage_agent_that_poisoned_its_forks_fails_before_forking_ranks(tmp_path, monkeypatch):
+    """Should anything else in the agent touch the CUDA runtime, its stage fails with that said,
+    not with one 'Cannot re-initialize CUDA' per rank."""
+    from torch.distributed import launcher
+
+    monkeypatch.setattr(launcher.api, "elastic_launch", lambda *a: pytest.fail("ranks forked"))
+    monkeypatch.setattr(warm, "cuda_compiled", lambda: True)
+    monkeypatch.setattr(warm, "child_in_bad_fork", lambda: True)
+    job = {"stage_dir": str(tmp_path), "nproc": 2, "rdzv_endpoint": "127.0.0.1:1",
+           "rank_module": "harness.rank", "rank_args": []}
+    with pytest.raises(RuntimeError, match="touched the CUDA runtime before forking its ranks"):
+        warm.launch(job)

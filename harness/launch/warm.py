@@ -41,6 +41,7 @@ from harness.launch.teardown import POLL_S, end_session, kill_and_wait
 from harness.launch.torchrun import StageRun, not_started, run_stage, supervise
 from harness.paths import REPO_ROOT, RunDir
 from harness.rank.guard import stack_file_pids
+from harness.rank.warm import NVML_CHECK
 from harness.tiers import facts
 
 
@@ -127,7 +128,7 @@ class WarmParent:
             # torch.cuda.is_available() asks the CUDA runtime (and poisons every later fork:
             # torch/csrc/cuda/Module.cpp poison_fork) unless told to ask NVML; the GPU tiers'
             # preload calls it (the H100 host, 2026-12-06: forked ranks could not use CUDA)
-            env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+            env.setdefault(NVML_CHECK, "1")  # its stage agents set it for themselves too
         self.started_at = time.time()
         with open(self.dir / "parent.log", "wb") as log:
             self.proc = subprocess.Popen([self.python, "-m", "harness.rank.warm", str(self.dir)],

@@ -18,6 +18,7 @@ elastic's log, the failure table failures.py parses) goes to ``<stage_dir>/torch
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,8 @@ import traceback
 from pathlib import Path
 
 POLL_S = 0.02
+# torch.cuda.is_available() asks NVML, not the CUDA runtime, so a later fork is not poisoned
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 OWNER_CHECK_S = 1.0
 # torchrun's default: how often the elastic agent looks at its ranks
 MONITOR_INTERVAL_S = 0.1
@@ -216,13 +219,17 @@ def launch(job: dict) -> int:
     stage_dir = Path(job["stage_dir"])
     if "OMP_NUM_THREADS" not in os.environ and int(job["nproc"]) > 1:
         os.environ["OMP_NUM_THREADS"] = "1"  # what torchrun's own run.py sets (config_from_args)
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=int(job["nproc"]), run_id=uuid.uuid4().hex,
-        rdzv_backend=fork_store.register(), rdzv_endpoint=job["rdzv_endpoint"],
-        rdzv_configs={"rank": 0},
-        max_restarts=0,
-        monitor_interval=MONITOR_INTERVAL_S, start_method="fork",
-        logs_specs=DefaultLogsSpecs(log_dir=str(stage_dir / "elastic")))
+    with cuda_asked_through_nvml():
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=int(job["nproc"]), run_id=uuid.uuid4().hex,
+            rdzv_backend=fork_store.register(), rdzv_endpoint=job["rdzv_endpoint"],
+            rdzv_configs={"rank": 0},
+            max_restarts=0,
+            monitor_interval=MONITOR_INTERVAL_S, start_method="fork",
+            logs_specs=DefaultLogsSpecs(log_dir=str(stage_dir / "elastic")))
+    if cuda_compiled() and child_in_bad_fork():
+        raise RuntimeError("the stage agent touched the CUDA runtime before forking its ranks: "
+                           "each would fail with 'Cannot re-initialize CUDA in forked subprocess'")
     try:
         elastic_launch(config, rank_entry)(job["rank_module"], list(job["rank_args"]))
     except ChildFailedError as e:
@@ -230,6 +237,31 @@ def launch(job: dict) -> int:
               file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def cuda_asked_through_nvml():
+    """torch's LaunchConfig asks ``torch.cuda.is_available()`` (its NUMA defaults,
+    torch/distributed/launcher/api.py ``__post_init__``). Asked through the CUDA runtime, that
+    poisons every later fork (torch/csrc/cuda/Module.cpp ``poison_fork``): on the H100 host
+    (2026-12-07) all 8 forked ranks of each stage failed in ``torch.cuda.set_device`` with
+    'Cannot re-initialize CUDA in forked subprocess', the agent's environment being the
+    stage's, without the parent's PYTORCH_NVML_BASED_CUDA_CHECK. Set for that call only: the
+    ranks keep the stage's environment, as a fresh torchrun's do."""
+    before = os.environ.get(NVML_CHECK)
+    os.environ[NVML_CHECK] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(NVML_CHECK, None)
+        else:
+            os.environ[NVML_CHECK] = before
+
+
+def cuda_compiled() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda._is_compiled()
 
 
 def _owner_alive() -> bool:
