@@ -42,7 +42,9 @@ class TierFacts:
     gpu_per_rank: bool  # NCCL: one GPU per rank; else the ranks share the GPUs there are
     # The default stage mode (HARNESS_STAGE_MODE overrides): one shown to give the fresh mode's
     # results cell for cell there (docs/benchmarks.md, "Stage startup"): fork on cpu (issue 55),
-    # the pool on gpu-shared; tier gpu keeps the reference until it is shown there.
+    # the pool on gpu-shared (fork is equivalent on make repro's six cells there but not shown
+    # faster: its ranks import ModelOpt after the fork, docs/runs/20261207-0748-fork-on-gpu.md);
+    # tier gpu keeps the reference until it is shown there.
     stage_mode: StageMode
     # Asserted: loaded model vs the saved state written into a model at the load topology.
     logits_tolerance: float = 0.0
