@@ -147,6 +147,12 @@ def test_a_kept_parent_serves_every_run_of_its_key_and_outlives_their_ends(tmp_p
     assert set(closed) == {own, first, other} and parents.kept() == []
 
 
+def agent_job(stage_dir) -> dict:
+    """A stage agent's job file, as harness/launch/warm.py writes it (no rank is started here)."""
+    return {"stage_dir": str(stage_dir), "nproc": 2, "rdzv_endpoint": "127.0.0.1:1",
+            "rank_module": "harness.rank", "rank_args": []}
+
+
 def test_the_stage_agent_asks_for_cuda_through_nvml_and_its_ranks_keep_the_stage_env(
         tmp_path, monkeypatch):
     """torch's LaunchConfig asks torch.cuda.is_available() for its NUMA defaults. The stage
@@ -159,17 +165,19 @@ def test_the_stage_agent_asks_for_cuda_through_nvml_and_its_ranks_keep_the_stage
 
     asked, launched = [], []
     monkeypatch.delenv(warm.NVML_CHECK, raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(
-        os.environ.get(warm.NVML_CHECK)) or False)
+
+    def is_available():
+        asked.append(os.environ.get(warm.NVML_CHECK))
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", is_available)
 
     def fake_launch(config, entry):
         return lambda *args: launched.append(os.environ.get(warm.NVML_CHECK))
 
     monkeypatch.setattr(launcher.api, "elastic_launch", fake_launch)
     monkeypatch.setattr(warm, "cuda_compiled", lambda: False)
-    job = {"stage_dir": str(tmp_path), "nproc": 2, "rdzv_endpoint": "127.0.0.1:1",
-           "rank_module": "harness.rank", "rank_args": []}
-    assert warm.launch(job) == 0
+    assert warm.launch(agent_job(tmp_path)) == 0
     assert asked == ["1"], "LaunchConfig asked the CUDA runtime"
     assert launched == [None], "the ranks' environment kept the agent's NVML setting"
 
@@ -182,7 +190,5 @@ def test_a_stage_agent_that_poisoned_its_forks_fails_before_forking_ranks(tmp_pa
     monkeypatch.setattr(launcher.api, "elastic_launch", lambda *a: pytest.fail("ranks forked"))
     monkeypatch.setattr(warm, "cuda_compiled", lambda: True)
     monkeypatch.setattr(warm, "child_in_bad_fork", lambda: True)
-    job = {"stage_dir": str(tmp_path), "nproc": 2, "rdzv_endpoint": "127.0.0.1:1",
-           "rank_module": "harness.rank", "rank_args": []}
     with pytest.raises(RuntimeError, match="touched the CUDA runtime before forking its ranks"):
-        warm.launch(job)
+        warm.launch(agent_job(tmp_path))
