@@ -192,3 +192,46 @@ def test_a_stage_agent_that_poisoned_its_forks_fails_before_forking_ranks(tmp_pa
     monkeypatch.setattr(warm, "child_in_bad_fork", lambda: True)
     with pytest.raises(RuntimeError, match="touched the CUDA runtime before forking its ranks"):
         warm.launch(agent_job(tmp_path))
+
+
+FORKED_WHILE_THE_THREAD_IMPORTS = """
+import importlib.abc, os, sys, threading, time
+from pathlib import Path
+
+class Descheduled(importlib.abc.MetaPathFinder):
+    '''guard's import takes 2 s, wherever it happens: a thread on a loaded machine.'''
+    def find_spec(self, name, path, target=None):
+        if name == "harness.rank.guard":
+            time.sleep(2.0)
+        return None
+
+sys.meta_path.insert(0, Descheduled())
+from harness.rank import warm
+threading.Thread(target=warm.report_exits, args=(Path(sys.argv[1]),), daemon=True).start()
+time.sleep(0.3)
+pid = os.fork()
+if pid == 0:  # a rank, forked while the agent's thread runs: its own import of guard
+    from harness.rank import guard
+    os._exit(0)
+deadline = time.time() + 10
+while os.waitpid(pid, os.WNOHANG)[0] == 0:
+    if time.time() > deadline:
+        os.kill(pid, 9)
+        sys.exit("the forked rank hung at its import of harness.rank.guard")
+    time.sleep(0.05)
+"""
+
+
+def test_a_rank_forked_while_the_agents_thread_runs_does_not_hang_at_its_imports(tmp_path):
+    """The stage agent watches its ranks' exits from a thread while it forks them. A rank
+    forked while that thread held a module's import lock (the thread importing it) hangs for
+    ever at its own import of that module: CI, 2026-12-07, a 2-rank stage timed out after 60 s.
+    Here that import is made slow; the thread must not be the one doing it."""
+    import subprocess
+    import sys
+
+    from harness.paths import REPO_ROOT
+
+    done = subprocess.run([sys.executable, "-c", FORKED_WHILE_THE_THREAD_IMPORTS, str(tmp_path)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -28,6 +28,12 @@ import time
 import traceback
 from pathlib import Path
 
+# Imported here, in the parent, not lazily: the stage agent's exit-watching thread uses guard
+# while the agent forks ranks, and a rank forked while that thread held guard's import lock
+# hangs at its own import of guard (CI, 2026-12-07: a 2-rank stage timed out after 60 s).
+from harness.rank import fork_store, guard
+from harness.rank.guard import stack_file_pids
+
 POLL_S = 0.02
 # torch.cuda.is_available() asks NVML, not the CUDA runtime, so a later fork is not poisoned
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
@@ -127,8 +133,6 @@ def rank_entry(rank_module: str, rank_args: list[str]) -> None:
     instead of os._exit(0)."""
     import runpy
 
-    from harness.rank import fork_store, guard
-
     fork_store.wait_for_sibling_forks(guard.current_stage_dir(), os.environ["TORCHELASTIC_RUN_ID"],
                                       int(os.environ["LOCAL_RANK"]),
                                       int(os.environ["LOCAL_WORLD_SIZE"]))
@@ -176,9 +180,8 @@ def report_exits(stage_dir: Path) -> None:
     agent's thread). torch's agent names only the first failure it observed among forked ranks
     (its table for ranks it started as subprocesses names every one); failures.py reads each
     rank's exit code, a SIGKILL or SIGABRT among them, from these blocks. ``waitid`` with
-    WNOWAIT sees a rank's exit the moment it dies and leaves reaping it to torch."""
-    from harness.rank.guard import stack_file_pids
-
+    WNOWAIT sees a rank's exit the moment it dies and leaves reaping it to torch. It imports
+    nothing (see the imports at the top)."""
     seen: set[int] = set()
     while True:
         try:
@@ -213,8 +216,6 @@ def launch(job: dict) -> int:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from harness.rank import fork_store
 
     stage_dir = Path(job["stage_dir"])
     if "OMP_NUM_THREADS" not in os.environ and int(job["nproc"]) > 1:
