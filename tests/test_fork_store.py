@@ -33,9 +33,11 @@ def test_a_rank_waits_until_every_sibling_is_forked(tmp_path):
     assert sorted(os.listdir(tmp_path / "forked" / "run")) == ["rank0", "rank1", "rank2"]
 
 
-def test_a_rank_whose_sibling_never_forks_goes_on_after_the_bound(tmp_path):
-    waited = fork_store.wait_for_sibling_forks(tmp_path, "run", 1, 2, wait_s=0.2)
-    assert 0.2 <= waited < 5, waited
+def test_a_rank_whose_sibling_never_forks_names_it_after_the_bound(tmp_path):
+    began = time.monotonic()
+    with pytest.raises(fork_store.SiblingsNeverBegan, match=r"rank\(s\) \[0, 2\] of this stage"):
+        fork_store.wait_for_sibling_forks(tmp_path, "run", 1, 3, wait_s=0.2)
+    assert 0.2 <= time.monotonic() - began < 5
 
 
 def test_the_store_server_listens_on_the_ipv4_loopback_only():

@@ -165,6 +165,23 @@ def test_stage_timeout_dumps_stacks_and_names_the_stuck_rank(tmp_path, request, 
     assert "distributed_c10d" in (r.stage_dir / "stacks" / "rank0.txt").read_text()
 
 
+def test_a_forked_rank_stuck_before_its_first_step_is_named_by_its_sibling(tmp_path, request):
+    """Fork mode: a rank stuck in the forked child before it begins (CI, 2026-12-07: on an import
+    lock the stage agent's thread held at the fork; the stage timed out after 60 s, cause
+    unknown). Its sibling gives up waiting for it and names it: the stage fails at once, with
+    a cause, and every process goes."""
+    from harness.rank.fork_store import SIBLING_FORK_WAIT_ENV
+
+    r = stage(request, "fork", "save", tmp_path / "save", 2, 60.0,
+              {"HARNESS_INJECT": "hang:1:forked", SIBLING_FORK_WAIT_ENV: "2"}, PG_TIMEOUT_S)
+    info = r.summary()
+    assert not r.timed_out and r.leftovers == [], info
+    never_began = "harness.rank.fork_store.SiblingsNeverBegan"
+    assert (r.cause.rank, r.cause.kind, r.cause.exc_type) == (0, "exception", never_began), info
+    assert "rank(s) [1] of this stage never began" in r.cause.message, info
+    assert r.wall_s < 30, info
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["raise", "sigkill", "hang", "mismatch"])
 def test_repeated_injections(tmp_path, kind):

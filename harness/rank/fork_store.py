@@ -32,9 +32,11 @@ from pathlib import Path
 BACKEND = "harness-static-ipv4"
 LOOPBACK = "127.0.0.1"
 LISTEN_BACKLOG = 2048
-# A forked rank waits this long for its siblings' forks before going on anyway (the stage then
-# fails or passes on its own; the wait is a few milliseconds when every fork succeeds).
-SIBLING_FORK_WAIT_S = 60.0
+# A forked rank waits this long for its siblings' forks (a few milliseconds when every fork
+# succeeds), then fails its stage naming those that never began; the stage environment's
+# SIBLING_FORK_WAIT_ENV overrides it (tests).
+SIBLING_FORK_WAIT_S = 20.0
+SIBLING_FORK_WAIT_ENV = "HARNESS_FORK_SIBLING_WAIT_S"
 SIBLING_POLL_S = 0.002
 
 
@@ -88,16 +90,31 @@ def ipv4_listener(port: int) -> int:
     return sock.detach()
 
 
+class SiblingsNeverBegan(RuntimeError):
+    """Ranks of this stage that were forked (or were to be) and never took their first step."""
+
+
 def wait_for_sibling_forks(stage_dir: Path, run_id: str, rank: int, local_world: int,
-                           wait_s: float = SIBLING_FORK_WAIT_S) -> float:
+                           wait_s: float | None = None) -> float:
     """Say this rank is forked (``<stage_dir>/forked/<run_id>/rank<k>``, the agent's run id),
     then wait until every rank of the stage has said so: the agent forks them one after
-    another, so once the last has said so no fork is left. Returns the seconds waited."""
+    another, so once the last has said so no fork is left. Returns the seconds waited; raises
+    ``SiblingsNeverBegan`` naming the ranks still silent after ``wait_s``: a child stuck before
+    its first step (CI, 2026-12-07: on an import lock the agent's thread held at the fork) is
+    then the stage's named cause, not a stage timeout with none."""
+    if wait_s is None:
+        wait_s = float(os.environ.get(SIBLING_FORK_WAIT_ENV, SIBLING_FORK_WAIT_S))
     began = time.monotonic()
     forked = stage_dir / "forked" / run_id
     forked.mkdir(parents=True, exist_ok=True)
     (forked / f"rank{rank}").touch()
     deadline = began + wait_s
-    while len(os.listdir(forked)) < local_world and time.monotonic() < deadline:
+    while len(os.listdir(forked)) < local_world:
+        if time.monotonic() >= deadline:
+            began_ranks = {int(n[len("rank"):]) for n in os.listdir(forked)}
+            missing = sorted(set(range(local_world)) - began_ranks)
+            raise SiblingsNeverBegan(
+                f"rank(s) {missing} of this stage never began after the stage agent forked them "
+                f"(waited {wait_s:g} s): stuck in the forked child before their first step")
         time.sleep(SIBLING_POLL_S)
     return time.monotonic() - began

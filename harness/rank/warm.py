@@ -31,7 +31,7 @@ from pathlib import Path
 # Imported here, in the parent, not lazily: the stage agent's exit-watching thread uses guard
 # while the agent forks ranks, and a rank forked while that thread held guard's import lock
 # hangs at its own import of guard (CI, 2026-12-07: a 2-rank stage timed out after 60 s).
-from harness.rank import fork_store, guard
+from harness.rank import fork_store, guard, inject
 from harness.rank.guard import stack_file_pids
 
 POLL_S = 0.02
@@ -133,9 +133,15 @@ def rank_entry(rank_module: str, rank_args: list[str]) -> None:
     instead of os._exit(0)."""
     import runpy
 
-    fork_store.wait_for_sibling_forks(guard.current_stage_dir(), os.environ["TORCHELASTIC_RUN_ID"],
-                                      int(os.environ["LOCAL_RANK"]),
-                                      int(os.environ["LOCAL_WORLD_SIZE"]))
+    stage_dir, rank = guard.current_stage_dir(), int(os.environ["RANK"])
+
+    def first_step() -> None:
+        inject.point("forked")  # before this rank says it began (tests: a child stuck there)
+        fork_store.wait_for_sibling_forks(stage_dir, os.environ["TORCHELASTIC_RUN_ID"],
+                                          int(os.environ["LOCAL_RANK"]),
+                                          int(os.environ["LOCAL_WORLD_SIZE"]))
+
+    guard.guarded(os.environ.get("HARNESS_STAGE", "stage"), rank, stage_dir, first_step)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):  # not the agent's handlers:
         signal.signal(sig, signal.SIG_DFL)  # a SIGTERM ends a fresh rank (after its stack dump)
     signal.signal(signal.SIGINT, signal.default_int_handler)
