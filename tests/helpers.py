@@ -183,13 +183,13 @@ def make_checkpoints(root: Path, specs: dict[str, dict]) -> dict[str, Path]:
     name -> its directory. The golden one is written as ``<name>/ckpt`` (a golden's layout)."""
     import json
 
-    from harness.launch.torchrun import run_stage
+    from harness.launch.warm import run_module_stage
 
     out = {name: root / name / "ckpt" if name.startswith("golden/") else root / name for name in specs}
     spec = {"checkpoints": [{"out": str(out[name]), **s} for name, s in specs.items()]}
     (root / "spec.json").write_text(json.dumps(spec))
-    run = run_stage("make-ckpt", root / "stage", 1, [str(root / "spec.json")], timeout_s=180,
-                    rank_module="tests.rank_programs.make_ckpt")
+    run = run_module_stage("make-ckpt", root / "stage", 1, [str(root / "spec.json")], 180,
+                           "tests.rank_programs.make_ckpt")
     assert run.ok, run.summary()
     return out
 

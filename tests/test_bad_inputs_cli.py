@@ -194,7 +194,9 @@ def test_ctrl_c_during_the_repro_probe_leaves_its_results_marked_interrupted(tmp
 
     from tests.helpers import interrupt_once_staged, stage_processes, start_cli
 
-    proc = start_cli(tmp_path, "repro", "--gpu", "no")
+    # the probe's rank 1 stuck before its first step keeps the probe running (forked ranks
+    # finish it in about a second) until the signal; its sibling would name it after 20 s
+    proc = start_cli(tmp_path, "repro", "--gpu", "no", env={"HARNESS_INJECT": "hang:1:forked"})
     proc, out, _ = interrupt_once_staged(proc, tmp_path, signal.SIGINT)
     assert proc.returncode == 130, out
     assert "Traceback" not in out and "partial results.json" in out, out

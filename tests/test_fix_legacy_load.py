@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.launch.torchrun import run_stage
+from harness.launch.warm import run_module_stage
 from tests.rank_programs.legacy_load import full_weight
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     d = tmp_path_factory.mktemp("legacy-load")
-    run = run_stage("legacy-load", d / "stage", 2, [str(d / "ckpts")], timeout_s=240,
-                    rank_module="tests.rank_programs.legacy_load")
+    run = run_module_stage("legacy-load", d / "stage", 2, [str(d / "ckpts")], 240,
+                           "tests.rank_programs.legacy_load")
     assert run.ok, run.summary()
     return run.rank_results
 

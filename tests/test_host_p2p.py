@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness.launch.torchrun import run_stage
+from harness.launch.warm import run_module_stage
 
 pytestmark = pytest.mark.cpu
 
 
 def test_each_rank_gets_its_neighbours_tensors(tmp_path):
-    r = run_stage("save", tmp_path / "ring", 4, [], 90.0, rank_module="tests.rank_programs.ring_exchange",
-                  pg_timeout_s=20.0)
+    r = run_module_stage("save", tmp_path / "ring", 4, [], 90.0, "tests.rank_programs.ring_exchange",
+                         pg_timeout_s=20.0)
     assert r.ok and r.cause is None, r.summary()
     for rank, got in r.rank_results.items():
         prev, nxt = (rank - 1) % 4, (rank + 1) % 4
@@ -37,8 +37,8 @@ def test_megatron_calls_it_through_the_ring_exchange_hook():
 def test_router_records_of_all_stages_reach_every_stage(tmp_path):
     """At pp > 1 each stage records its own layers' routers; the logits owner (last stage) needs
     all of them to count routing flips."""
-    r = run_stage("load", tmp_path / "gather", 2, [], 120.0,
-                  rank_module="tests.rank_programs.routing_gather", pg_timeout_s=60.0)
+    r = run_module_stage("load", tmp_path / "gather", 2, [], 120.0,
+                         "tests.rank_programs.routing_gather", pg_timeout_s=60.0)
     assert r.ok and r.cause is None, r.summary()
     for got in r.rank_results.values():
         assert got["layers"] == ["layer1", "layer2"], got

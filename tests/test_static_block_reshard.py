@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.launch.torchrun import run_stage
+from harness.launch.warm import run_module_stage
 from harness.topology.coords import rank_coords
 from harness.topology.topology import Topology
 from tests.rank_programs import static_block_reshard as prog
@@ -29,8 +29,8 @@ pytestmark = pytest.mark.cpu
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
     d = tmp_path_factory.mktemp("static-block")
-    run = run_stage("static-block-reshard", d / "stage", prog.WORLD, [str(d / "ckpts")], timeout_s=300,
-                    rank_module="tests.rank_programs.static_block_reshard")
+    run = run_module_stage("static-block-reshard", d / "stage", prog.WORLD, [str(d / "ckpts")], 300,
+                           "tests.rank_programs.static_block_reshard")
     assert run.ok, run.summary()
     return d / "ckpts"
 

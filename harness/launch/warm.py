@@ -35,14 +35,15 @@ import psutil
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.command import make_stage_dirs, new_stage_token, stage_env
 from harness.launch.nodes import rendezvous_port
-from harness.launch.pool import STOP_WAIT_S, PoolKey, pool_processes
+from harness.launch.pool import STOP_WAIT_S, PoolKey, pool_processes, stage_mode
 from harness.launch.signals import shutdown_signal
 from harness.launch.teardown import POLL_S, end_session, kill_and_wait
 from harness.launch.torchrun import StageRun, not_started, run_stage, supervise
 from harness.paths import REPO_ROOT, RunDir
 from harness.rank.guard import stack_file_pids
 from harness.rank.warm import NVML_CHECK
-from harness.tiers import facts
+from harness.records import Patch
+from harness.tiers import Backend, StageMode, Tier, facts
 
 
 def parent_key(tier: str, patch: str, backend: str, root: Path, extra_env: dict | None = None) -> PoolKey:
@@ -292,3 +293,19 @@ class WarmParents:
 
 WARM = WarmParents()
 atexit.register(WARM.close_all)
+
+
+def run_module_stage(stage: str, stage_dir: Path, nproc: int, rank_args: list[str], timeout_s: float,
+                     rank_module: str, *, root: Path | None = None, env: dict | None = None,
+                     **kw) -> StageRun:
+    """A stage of ``rank_module`` that is no cell's (a validation probe, a test's rank program),
+    started as the cpu tier starts its stages: the ranks forked from the tier's warm parent
+    without the fix (the default), else a fresh torchrun (a warm rank pool serves only cells).
+    ``root``: the run directory whose ``pools/`` holds the parent (default: the stage
+    directory's parent). Such a module imports nothing a cell's stage would not."""
+    if stage_mode(Tier.CPU) != StageMode.FORK:
+        return run_stage(stage, stage_dir, nproc, rank_args, timeout_s, env, rank_module=rank_module,
+                         **kw)
+    key = parent_key(Tier.CPU, Patch.NONE, Backend.LOCAL, Path(root or Path(stage_dir).parent), env)
+    return WARM.run(key, stage, stage_dir, nproc, rank_args, timeout_s, env, rank_module=rank_module,
+                    **kw)

@@ -57,7 +57,8 @@ def _show_real_validation(run: RunDir) -> bool | None:
     print(f"\n== megatron-core validate_sharding_integrity, real, on {PROBE_WORLD} gloo ranks "
           "(per-expert amax built as modelopt 0.47.0 does / as the fix does)")
     try:
-        real = probe_oracle_world(topos, PROBE_WORLD, 8, run.probe(f"oracle-w{PROBE_WORLD}"))
+        real = probe_oracle_world(topos, PROBE_WORLD, 8, run.probe(f"oracle-w{PROBE_WORLD}"),
+                                  root=run.root)
     except RuntimeError as exc:  # the probe failed or was stopped: one line, not a traceback
         if shutdown_signal():
             return None

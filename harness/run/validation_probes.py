@@ -7,21 +7,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.launch.torchrun import run_stage
+from harness.launch.warm import run_module_stage
 
 
-def run_probe(probe: dict, nproc: int, stage_dir: Path, timeout_s: float = 240):
-    """Start ``harness.rank.validation_probes`` on ``nproc`` gloo ranks; returns the launcher's
-    StageRun."""
+def run_probe(probe: dict, nproc: int, stage_dir: Path, timeout_s: float = 240,
+              root: Path | None = None):
+    """Start ``harness.rank.validation_probes`` on ``nproc`` gloo ranks, as the cpu tier starts
+    its stages (it needs only torch and megatron-core imported); ``root``: the run directory
+    (launch/warm.py ``run_module_stage``). Returns the launcher's StageRun."""
     stage_dir.mkdir(parents=True, exist_ok=True)
     spec = stage_dir / "probe.json"
     spec.write_text(json.dumps(probe))
-    return run_stage(f"probe-{probe['probe']}", stage_dir, nproc, [str(spec)],
-                     timeout_s=timeout_s, rank_module="harness.rank.validation_probes")
+    return run_module_stage(f"probe-{probe['probe']}", stage_dir, nproc, [str(spec)], timeout_s,
+                            "harness.rank.validation_probes", root=root)
 
 
 def probe_oracle_world(topologies, world: int, num_experts: int, stage_dir: Path,
-                       chunk: int = 16) -> dict:
+                       chunk: int = 16, root: Path | None = None) -> dict:
     """Real megatron-core validation of the per-expert amax rule for topologies of one world.
 
     Every topology builds all of megatron's process groups anew and torch keeps the old ones
@@ -33,7 +35,7 @@ def probe_oracle_world(topologies, world: int, num_experts: int, stage_dir: Path
         part = topologies[n:n + chunk]
         run = run_probe({"probe": "oracle", "topologies": [t.id for t in part],
                          "num_experts": num_experts}, world, stage_dir / f"chunk{n // chunk}",
-                        timeout_s=120 + 10 * len(part))
+                        timeout_s=120 + 10 * len(part), root=root)
         if not run.ok:
             raise RuntimeError(f"oracle probe on {world} ranks failed: {run.summary()}")
         results.update(run.rank_results[0]["results"])
