@@ -296,16 +296,18 @@ atexit.register(WARM.close_all)
 
 
 def run_module_stage(stage: str, stage_dir: Path, nproc: int, rank_args: list[str], timeout_s: float,
-                     rank_module: str, *, root: Path | None = None, env: dict | None = None,
+                     rank_module: str = "harness.rank", *, root: Path | None = None,
+                     env: dict | None = None, tier: str = Tier.CPU, patch: str = Patch.NONE, backend: str = Backend.LOCAL,
                      **kw) -> StageRun:
-    """A stage of ``rank_module`` that is no cell's (a validation probe, a test's rank program),
-    started as the cpu tier starts its stages: the ranks forked from the tier's warm parent
-    without the fix (the default), else a fresh torchrun (a warm rank pool serves only cells).
-    ``root``: the run directory whose ``pools/`` holds the parent (default: the stage
-    directory's parent). Such a module imports nothing a cell's stage would not."""
-    if stage_mode(Tier.CPU) != StageMode.FORK:
+    """A stage of ``rank_module`` started as ``tier`` starts its stages: the ranks forked from
+    the warm parent of (tier, patch, backend, env) where the tier's mode is fork, else a fresh
+    torchrun. A warm rank pool serves only cells' stages (run/cell.py asks it first); a stage
+    that is no cell's (a validation probe, a test's rank program) takes the defaults: the cpu
+    tier's parent without the fix. ``root``: the run directory whose ``pools/`` holds the
+    parent (default: the stage directory's parent)."""
+    if stage_mode(tier) != StageMode.FORK:
         return run_stage(stage, stage_dir, nproc, rank_args, timeout_s, env, rank_module=rank_module,
                          **kw)
-    key = parent_key(Tier.CPU, Patch.NONE, Backend.LOCAL, Path(root or Path(stage_dir).parent), env)
+    key = parent_key(tier, patch, backend, Path(root or Path(stage_dir).parent), env)
     return WARM.run(key, stage, stage_dir, nproc, rank_args, timeout_s, env, rank_module=rank_module,
                     **kw)

@@ -16,9 +16,8 @@ from harness.check import judge
 from harness.check.versions import installed_modelopt
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.pool import POOLS, PoolKey, stage_mode
-from harness.launch.warm import WARM, parent_key
+from harness.launch.warm import run_module_stage
 from harness.launch.signals import shutdown_signal
-from harness.launch.torchrun import run_stage
 from harness.paths import GOLDEN_DIR, RunDir, SaveDir
 from harness.rank.spec import StageSpec
 from harness.records import CellRecord, Stage, StageResult, check_record
@@ -125,13 +124,9 @@ def _launch(spec: StageSpec, stage_dir: Path, cell: Cell, run: RunDir) -> StageR
     if mode == StageMode.POOL:  # pools and warm parents live in the run directory
         key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run.root, env)
         return POOLS.run(key, spec_path, spec.stage, stage_dir, timeout_s).result()
-    if mode == StageMode.FORK:
-        key = parent_key(spec.tier, spec.patch, spec.backend, run.root, env)
-        return WARM.run(key, spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
-                        timeout_s, env, grace_s=grace_s).result()
-    fresh = run_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
-                      timeout_s=timeout_s, env=env, grace_s=grace_s)
-    return fresh.result()
+    return run_module_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
+                            timeout_s, root=run.root, env=env, tier=spec.tier, patch=spec.patch,
+                            backend=spec.backend, grace_s=grace_s).result()
 
 
 def rank_env(s) -> dict:
