@@ -227,11 +227,11 @@ def test_a_rank_forked_while_the_agents_thread_runs_does_not_hang_at_its_imports
     forked while that thread held a module's import lock (the thread importing it) hangs for
     ever at its own import of that module: CI, 2026-12-07, a 2-rank stage timed out after 60 s.
     Here that import is made slow; the thread must not be the one doing it."""
-    import subprocess
     import sys
 
     from harness.paths import REPO_ROOT
+    from tests.helpers import bounded
 
-    done = subprocess.run([sys.executable, "-c", FORKED_WHILE_THE_THREAD_IMPORTS, str(tmp_path)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    done = bounded([sys.executable, "-c", FORKED_WHILE_THE_THREAD_IMPORTS, str(tmp_path)], 60,
+                   cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
