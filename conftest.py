@@ -42,21 +42,26 @@ def _controller_gpus() -> str:
     return ",".join(line.strip() for line in out.splitlines() if line.strip())
 
 
-def _own_gpus(config) -> None:
-    """Give this xdist worker a disjoint block of GPUs before anything touches CUDA.
-
-    With fewer GPUs than workers the workers share them (cells then run on gpu-shared, or skip
-    with the reason when they need one GPU per rank).
+def give_workers_their_gpus(config) -> None:
+    """Each xdist worker is started with its own ``CUDA_VISIBLE_DEVICES`` (``--tx
+    popen//env:...``, as JAX-Toolbox's pytest-xdist.sh does): the variable is set by execnet
+    before the worker's pytest starts, so no test process ever writes ``os.environ`` for it
+    and nothing can initialise CUDA first. A disjoint block of GPUs per worker; with fewer GPUs
+    than workers they share them (cells then run on gpu-shared, or skip with the reason when
+    they need one GPU per rank). Only plain ``popen`` specs (what ``-n N`` makes) are changed.
     """
     from harness.launch.gpus import visible_gpus, worker_visible_devices
 
-    gpus = config.workerinput["harness_gpus"]
-    workers = int(config.workerinput["workercount"])
-    if 0 < len(visible_gpus(gpus)) < workers:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+    specs = list(config.getoption("tx", None) or [])
+    if not specs or any(spec != "popen" for spec in specs):
         return
-    os.environ["CUDA_VISIBLE_DEVICES"] = worker_visible_devices(
-        config.workerinput["workerid"], gpus, workers)
+    gpus = config.harness_gpus
+    workers = len(specs)
+    shared = 0 < len(visible_gpus(gpus)) < workers
+    config.option.tx = [
+        f"popen//env:CUDA_VISIBLE_DEVICES="
+        f"{gpus if shared else worker_visible_devices(f'gw{k}', gpus, workers)}"
+        for k in range(workers)]
 
 
 TEST_REQUIREMENTS = Path(__file__).parent / "requirements" / "test.txt"
@@ -93,11 +98,11 @@ def pytest_configure(config):
     exit_cleanly_on_sigterm()
     if hasattr(config.option, "loadscopereorder"):  # xdist keeps the order conftest gives
         config.option.loadscopereorder = False
-    if hasattr(config, "workerinput"):  # xdist worker: the controller's run dir, own GPUs
+    if hasattr(config, "workerinput"):  # xdist worker: the controller's run dir
         config.harness_run_dir = Path(config.workerinput["harness_run_dir"])
-        _own_gpus(config)
         return
     config.harness_gpus = _controller_gpus()
+    give_workers_their_gpus(config)
     # Reserved now, exclusively (xdist workers share it; another session never does); removed
     # at the end when no cell ran, so --collect-only leaves no empty results/<ts>-pytest behind.
     from harness.paths import RunDir
@@ -106,9 +111,8 @@ def pytest_configure(config):
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: `-p no:xdist` runs without it
-def pytest_configure_node(node):  # xdist hook: hand run directory and GPU list to each worker
+def pytest_configure_node(node):  # xdist hook: hand the run directory to each worker
     node.workerinput["harness_run_dir"] = str(node.config.harness_run_dir)
-    node.workerinput["harness_gpus"] = node.config.harness_gpus
 
 
 @pytest.hookimpl(trylast=True)

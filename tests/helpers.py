@@ -309,3 +309,11 @@ def own_recipe_job(root: Path, recipe: str, save: str, loads: list[str]):
         f'witness_scenario = "mine-witness"\nfix_scenario = "mine-fix"\nloads = {grid}\n')
     scenarios = [load_scenario(root / f"{n}.toml") for n in ("mine-witness", "mine-fix")]
     return load_quarantine(root / "q.toml"), scenarios
+
+
+def one_rank_store():
+    """A TCPStore for a world-1 process group on a port the kernel picks when it binds (port 0):
+    no fixed or inherited ``MASTER_PORT``, so no two tests can meet on one address."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, 1, is_master=True)

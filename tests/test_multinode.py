@@ -54,11 +54,11 @@ def test_the_rendezvous_port_is_below_the_ephemeral_range_and_free(monkeypatch):
 
 
 def test_node_command_is_a_c10d_rendezvous():
-    cmd = node_command(1, 4, 8, "head:29500", "job-7", ["spec.json"], python="python")
+    cmd = node_command(1, 4, 8, "head:29500", "job-7", ["spec.json"], python="python")  # isolation: text only
     assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
     joined = " ".join(cmd)
     for part in ("--nnodes 4", "--node-rank 1", "--nproc-per-node 8", "--rdzv-backend c10d",
-                 "--rdzv-endpoint head:29500", "--rdzv-id job-7", "--max-restarts 0"):
+                 "--rdzv-endpoint head:29500", "--rdzv-id job-7", "--max-restarts 0"):  # isolation: text
         assert part in joined
     assert cmd[-3:] == ["-m", "harness.rank", "spec.json"] and "--rdzv-conf" not in cmd
 

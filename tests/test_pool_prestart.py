@@ -45,7 +45,7 @@ def test_repro_flow_prestarts_the_save_pool_that_serves_the_save_and_its_load(tm
     assert not list((tmp_path / "fresh").glob("*/pools")), "fresh mode started a pool"
 
     def checks(*_):
-        os.environ["CUDA_SET_BY_CHECKS"] = "1"
+        monkeypatch.setenv("CUDA_SET_BY_CHECKS", "1")  # undone at the test's end
         return None
 
     monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")

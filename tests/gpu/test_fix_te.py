@@ -7,10 +7,10 @@ on the TE plugin classes, and the post-restore fix (b) on a real
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+
+from tests.helpers import one_rank_store
 
 pytestmark = pytest.mark.gpu_shared
 
@@ -35,11 +35,9 @@ def patched():
 def model_parallel():
     import megatron.core.parallel_state as mpu
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
     created = not torch.distributed.is_initialized()
-    if created:
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    if created:  # a store on a port the kernel picks: no address shared with any other test
+        torch.distributed.init_process_group("nccl", store=one_rank_store(), rank=0, world_size=1)
     mpu.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
     yield
     mpu.destroy_model_parallel()

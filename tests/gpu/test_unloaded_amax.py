@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from harness import bounded
+from harness.launch.command import STRIP_ENV
 
 pytestmark = pytest.mark.gpu_shared
 
@@ -35,7 +36,7 @@ DRY_RUN_DEATH = ("device-side assert", "Negative values in amax")
 
 def _child(mode: str) -> dict:
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1",
+    env = {**{k: v for k, v in os.environ.items() if k not in STRIP_ENV}, "CUDA_LAUNCH_BLOCKING": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     done = bounded.run([sys.executable, str(CHILD), mode], timeout_s=300, env=env, cwd=root,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -10,7 +10,6 @@ reused memory may hold, so the run does not depend on the allocator's history.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
@@ -60,9 +59,9 @@ def _restore_leaves_minus_one():
 def main(mode: str) -> dict:
     import megatron.core.parallel_state as mpu
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29531")
-    torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    # a store on a port the kernel picks: nothing inherited, nothing shared with another test
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, is_master=True)
+    torch.distributed.init_process_group("nccl", store=store, rank=0, world_size=1)
     mpu.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
     parts = ()
     if mode != "none":
