@@ -27,8 +27,8 @@ test-slow:        ## only the slow tests: the full versions of what `make test` 
 test-all:         ## everything, slow tests included
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --junitxml=$(RESULTS)/junit.xml
 
-test-gpu:         ## GPU tiers only (nightly on 8-GPU nodes)
-	$(PY) -m pytest -m "gpu or gpu_shared" -n $(PYTEST_WORKERS) --dist loadgroup --junitxml=$(RESULTS)/junit.xml
+test-gpu:         ## GPU tiers only (nightly on 8-GPU nodes); SHARD=K/N: the K-th of N shards, run back to back
+	$(PY) -m pytest -m "gpu or gpu_shared" -n $(PYTEST_WORKERS) --dist loadgroup --junitxml=$(RESULTS)/junit.xml $(if $(SHARD),--shard $(SHARD))
 
 witness:          ## the unpatched bug witness grid (allow-to-fail in CI)
 	$(PY) -m harness --results-root $(RESULTS) run --scenario gpu-witness --label witness --jobs $(PYTEST_WORKERS)

@@ -23,6 +23,9 @@ def pytest_addoption(parser):
                 help="run only cells of these scenario names (repeatable)")
     g.addoption("--results-root", default=os.environ.get("HARNESS_RESULTS_ROOT", "results"),
                 help="where results/<run-id>/ is written")
+    g.addoption("--shard", default="", metavar="K/N",
+                help="run only the K-th of N shards (whole work units, the cells deciding a "
+                     "quarantined job first; harness/scenario/shards.py)")
 
 
 def _controller_gpus() -> str:
@@ -95,6 +98,13 @@ def pytest_configure(config):
     if wrong:
         raise pytest.UsageError(f"requirements/test.txt: this suite needs {', '.join(wrong)}; "
                                 "install them: python -m pip install -r requirements/test.txt")
+    if config.getoption("--shard"):
+        from harness.scenario.shards import parse_shard
+
+        try:
+            parse_shard(config.getoption("--shard"))
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     exit_cleanly_on_sigterm()
     if hasattr(config.option, "loadscopereorder"):  # xdist keeps the order conftest gives
         config.option.loadscopereorder = False
@@ -117,25 +127,53 @@ def pytest_configure_node(node):  # xdist hook: hand the run directory to each w
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """``--dist loadgroup``: suffix each grouped item's id with ``@group`` on the worker.
+    """``--shard K/N``: only the K-th shard's work units. ``--dist loadgroup``: suffix each
+    grouped item's id with ``@group`` on the worker.
 
     pytest-xdist 3.8 does this by setting ``item._nodeid``, which pytest 9 no longer reads (the
     id lives in ``item._id``), so every ``xdist_group`` was ignored: the cells of one save ran
     on both workers, each starting the same save, and two workers installed gitlab-ci-local at
     once. Done here only where xdist's own suffix is missing.
     """
+    if config.getoption("--shard"):
+        _keep_shard(config, items)
     if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):
         return
     from _pytest.nodeid import NodeId
 
     for item in items:
-        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                        for m in item.iter_markers("xdist_group")})
-        names = names or _module_fixture_group(item)
+        names = _group_names(item)
         nodeid = item.nodeid
         if names and _work_unit(nodeid) == nodeid:
             item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
     items[:] = _longest_units_first(items)
+
+
+def _group_names(item) -> list[str]:
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    return names or _module_fixture_group(item)
+
+
+def _unit_name(item) -> str:
+    """The item's work unit, the same before and after xdist's ``@group`` suffix."""
+    names = _group_names(item)
+    return "_".join(names) if names else _work_unit(item.nodeid)
+
+
+def _keep_shard(config, items: list) -> None:
+    from harness.scenario.shards import deciding_scenarios, parse_shard, split
+
+    k, n = parse_shard(config.getoption("--shard"))
+    units = _unit_costs(items, _unit_name)
+    deciding = deciding_scenarios()
+    first = {_unit_name(i) for i in items
+             if getattr(getattr(getattr(i, "callspec", None), "params", {}).get("cell"),
+                        "scenario", None) is not None
+             and i.callspec.params["cell"].scenario.name in deciding}
+    kept = set(split(units, first, n)[k - 1])
+    config.hook.pytest_deselected(items=[i for i in items if _unit_name(i) not in kept])
+    items[:] = [i for i in items if _unit_name(i) in kept]
 
 
 def _work_unit(nodeid: str) -> str:
@@ -146,22 +184,32 @@ def _work_unit(nodeid: str) -> str:
 
 DURATIONS = Path(__file__).parent / "tests" / "durations.json"
 UNKNOWN_TEST_S = 0.2  # a test not in DURATIONS: most tests take less than a second
+UNKNOWN_CELL_S = 30.0  # a cell not in DURATIONS: about a GPU cell's (tests/durations.json)
 
 
-def _longest_units_first(items: list) -> list:
-    """The xdist work units (a group, or a test of its own), longest first by the seconds of
-    tests/durations.json (`bench/junit_times.py --write-durations`). Workers take units in this
-    order, so the run ends on short tests that fill both cores, not on a worker alone with a
-    20 s teardown test while the others are idle. Tests keep their order within a unit."""
+def _unit_costs(items: list, unit_of) -> dict[str, float]:
+    """Work unit -> its estimated seconds (tests/durations.json, written by
+    `bench/junit_times.py --write-durations`), in the items' order."""
     import json
 
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    cost: dict[str, float] = {}
+    for i in items:
+        default = UNKNOWN_CELL_S if i.name.startswith("test_cell[") else UNKNOWN_TEST_S
+        key = f"{i.path.relative_to(i.config.rootpath).as_posix()}::{i.name}"
+        cost[unit_of(i)] = cost.get(unit_of(i), 0.0) + known.get(key, default)
+    return cost
+
+
+def _longest_units_first(items: list) -> list:
+    """The xdist work units (a group, or a test of its own), longest first by their estimated
+    seconds. Workers take units in this order, so the run ends on short tests that fill both
+    cores, not on a worker alone with a 20 s teardown test while the others are idle. Tests
+    keep their order within a unit."""
+    cost = _unit_costs(items, lambda i: _work_unit(i.nodeid))
     units: dict[str, list] = {}
     for item in items:
         units.setdefault(_work_unit(item.nodeid), []).append(item)
-    cost = {name: sum(known.get(f"{i.path.relative_to(i.config.rootpath).as_posix()}::{i.name}",
-                                UNKNOWN_TEST_S) for i in members)
-            for name, members in units.items()}
     return [i for name in sorted(units, key=lambda n: -cost[n]) for i in units[name]]
 
 
