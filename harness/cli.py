@@ -73,6 +73,8 @@ EXIT_CODES = {
                  ("1", "with --check: they differ from what the records and types give now"), _USAGE],
     "recipes": [("0", "the table printed"), _USAGE],
     "golden": [("0", "done"), ("2", "a bad golden, manifest or option (one line names it)")],
+    "upstream": [("0", "the skeleton written"),
+                 ("2", "a missing or bad results file, an unknown or passing cell (one line)")],
     "matrix": [("0", "every pair ran, each cell as its pair's rule says"),
                ("1", "a pair that cannot run, or a cell failed, unexpected or without a rule"),
                ("2", "usage: a bad --modelopt, --mcore or --from")],
@@ -238,6 +240,13 @@ def parser() -> argparse.ArgumentParser:
                     help="judge both runs again under today's rules first (runs recorded under "
                          "older rules, e.g. a gloo run of 2026-12-02 against a new NCCL run)")
     eq.set_defaults(fn=commands.cmd_equivalence)
+
+    up = sub.add_parser("upstream", help="skeleton of a standalone reproducer of a failing cell "
+                                         "(docs/upstream.md)", **_exits("upstream"))
+    up.add_argument("cell", help="the cell id, as the results file names it")
+    up.add_argument("--results", required=True, help="results.json holding the cell")
+    up.add_argument("--out", help="write the skeleton here (default: stdout)")
+    up.set_defaults(fn=commands.cmd_upstream)
 
     ins = sub.add_parser("inspect", help="which quantizer layout a checkpoint holds",
                          **_exits("inspect"))

@@ -265,3 +265,20 @@ def cmd_matrix(args) -> int:
     from harness.run.matrix import main as matrix_main
 
     return matrix_main(args)
+
+
+def cmd_upstream(args) -> int:
+    """The skeleton of a standalone reproducer of one failing cell (harness/report/upstream.py)."""
+    from harness.report.upstream import SkeletonError, skeleton
+
+    try:
+        text = skeleton(Path(args.results), args.cell)
+    except SkeletonError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not args.out:
+        sys.stdout.write(text)
+        return 0
+    Path(args.out).write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
