@@ -8,11 +8,13 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:?set OUT to the log directory}
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-export PYTHONPATH=  # only installed packages
+# Only installed packages: the host's own PYTHONPATH (where its stack may live), never this
+# repository (each reproducer runs from a temp dir outside it).
+STOCK_PATH=${PYTHONPATH:-}
 
 run() {  # run FINDING LABEL NPROC TIMEOUT [args...]: one reproducer, one log
   local finding=$1 label=$2 n=$3 limit=$4; shift 4
@@ -41,23 +43,23 @@ PATCHED="$WORK/patched"
 mkdir -p "$PATCHED" && cp -r "$SITE/modelopt" "$PATCHED/"
 if timeout 60 patch -p1 -d "$PATCHED" -i "$HERE/static-block-expert-tp/modelopt.diff" \
     >"$OUT/upstream-static-block-expert-tp-patch.log" 2>&1; then
-  export PYTHONPATH="$PATCHED"
+  export PYTHONPATH="$PATCHED${STOCK_PATH:+:$STOCK_PATH}"
   run static-block-expert-tp "$MO-patched" 2 240
   # Format check both ways: saved with the change at ETP 2 -> stock loads at ETP 1; stock ETP-1
   # checkpoint -> loads with the change at ETP 2; each re-saved and compared bit for bit.
   C1="$WORK/ckpt-patched-etp2" C2="$WORK/ckpt-stock-etp1"
   run static-block-expert-tp "compat-save-patched-etp2" 2 240 --stage save --save-etp 2 --ckpt "$C1"
-  export PYTHONPATH=
+  export PYTHONPATH="$STOCK_PATH"
   run static-block-expert-tp "compat-load-stock-etp1" 2 240 --stage load --load-etp 1 --ckpt "$C1"
   run static-block-expert-tp "compat-save-stock-etp1" 2 240 --stage save --save-etp 1 --ckpt "$C2"
-  export PYTHONPATH="$PATCHED"
+  export PYTHONPATH="$PATCHED${STOCK_PATH:+:$STOCK_PATH}"
   run static-block-expert-tp "compat-load-patched-etp2" 2 240 --stage load --load-etp 2 --ckpt "$C2"
   # The test beside the diff, with the change (it failed without: the stock run above).
   cp "$HERE/static-block-expert-tp/"{repro.py,test_static_block_expert_tp.py} "$WORK/"
   (cd "$WORK" && timeout -k 10 600 "$PY" -m pytest -q -p no:cacheprovider \
       test_static_block_expert_tp.py) >"$OUT/upstream-static-block-expert-tp-test-patched.log" 2>&1
   echo "exit $?" >>"$OUT/upstream-static-block-expert-tp-test-patched.log"
-  export PYTHONPATH=
+  export PYTHONPATH="$STOCK_PATH"
 else
   echo "modelopt.diff does not apply to $SITE/modelopt (see the patch log)"
 fi
