@@ -162,7 +162,8 @@ def _unit_name(item) -> str:
 
 
 def _keep_shard(config, items: list) -> None:
-    from harness.scenario.shards import deciding_scenarios, parse_shard, split
+    from harness.report.jobs import deciding_scenarios
+    from harness.scenario.shards import parse_shard, split
 
     k, n = parse_shard(config.getoption("--shard"))
     units = _unit_costs(items, _unit_name)

@@ -99,12 +99,12 @@ def test_no_fixed_or_inherited_port_anywhere_in_the_tree():
 
 def test_the_port_scan_sees_each_form(tmp_path):
     leak = tmp_path / "leak.py"
-    leak.write_text('os.environ.setdefault("MASTER_PORT", "29517")\n'
-                    'cmd = ["torchrun", "--master-port", "29500"]\n'
-                    'ep = "localhost:29400"\n'
-                    'dist.TCPStore(host, port=29511)\n'
+    leak.write_text('os.environ.setdefault("MASTER_PORT", "29517")\n'  # isolation: the scan's own sample
+                    'cmd = ["torchrun", "--master-port", "29500"]\n'  # isolation: the scan's own sample
+                    'ep = "localhost:29400"\n'  # isolation: the scan's own sample
+                    'dist.TCPStore(host, port=29511)\n'  # isolation: the scan's own sample
                     'fine = "localhost:0"  # the kernel picks\n'
-                    'job = {"rdzv_endpoint": "head:29400"}\n'
+                    'job = {"rdzv_endpoint": "head:29400"}\n'  # isolation: the scan's own sample
                     'where = "custom.py:180-186"  # a source line, not a port\n'
                     'text = "--rdzv-endpoint head:29500"  # isolation: a command line as text\n')
     found = port_literals([leak], tmp_path)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.scenario.shards import deciding_scenarios, parse_shard, split
+from harness.report.jobs import deciding_scenarios
+from harness.scenario.shards import parse_shard, split
 
 
 @pytest.mark.parametrize("text, want", [("1/3", (1, 3)), (" 2 / 2 ", (2, 2))])

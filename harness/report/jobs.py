@@ -273,3 +273,14 @@ def variant_job(job: Job, variant: Variant) -> Job:
 
     return replace(job, profile=replace(job.profile, witness=variant.witness, fix=variant.fix,
                                         loads=variant.loads or job.profile.loads, also=()))
+
+
+def deciding_scenarios() -> set[str]:
+    """The scenarios whose cells decide a quarantined job's verdict (scenarios/quarantine.toml:
+    each job's witness and fix scenarios and their variants, and the goldens)."""
+    q = load_quarantine()
+    names = {q.goldens}
+    for job in q.jobs:
+        names |= {job.profile.witness, job.profile.fix}
+        names |= {n for v in job.profile.also for n in (v.witness, v.fix)}
+    return {n for n in names if n}

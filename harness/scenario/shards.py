@@ -26,19 +26,6 @@ def parse_shard(text: str) -> tuple[int, int]:
     return k, n
 
 
-def deciding_scenarios() -> set[str]:
-    """The scenarios whose cells decide a quarantined job's verdict (scenarios/quarantine.toml:
-    each job's witness and fix scenarios and their variants, and the goldens)."""
-    from harness.report.jobs import load_quarantine
-
-    q = load_quarantine()
-    names = {q.goldens}
-    for job in q.jobs:
-        names |= {job.profile.witness, job.profile.fix}
-        names |= {n for v in job.profile.also for n in (v.witness, v.fix)}
-    return {n for n in names if n}
-
-
 def split(units: Mapping[str, float], first: Iterable[str], n: int) -> list[list[str]]:
     """The units (name -> estimated seconds, in run order) cut into ``n`` contiguous shards of
     about equal seconds, the units in ``first`` at the front (their order kept). A shard may be
