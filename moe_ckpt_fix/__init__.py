@@ -29,8 +29,9 @@ import os
 __version__ = "0.4.0"  # the wheel's version (tools/fix-wheel/pyproject.toml reads it)
 DISTRIBUTION = "moe-ckpt-fix"
 WHEEL = f"moe_ckpt_fix-{__version__}-py3-none-any.whl"  # what `make fix-wheel` writes into dist/
+BUILT_WHEEL = f"dist/{WHEEL}"  # where `make fix-wheel` leaves it, from the repository root
 # The whole change to a job's pipeline (README "Using the fix"; the gate's next step names it).
-JOB_CHANGE = f"pip install --no-deps {WHEEL} and MOE_CKPT_FIX=1 in the job's environment"
+JOB_CHANGE = f"pip install --no-deps {BUILT_WHEEL} and MOE_CKPT_FIX=1 in the job's environment"
 
 SUPPORTED_MODELOPT_VERSION = "0.47.0"  # every part, proven on a GPU
 # The names ``applied_parts()`` gives what it installed by: parts (a)-(e) (0.47.0 only) and (f).

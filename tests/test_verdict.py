@@ -290,7 +290,7 @@ def test_gate_exit_code_per_job_follows_from_the_committed_cells(run, capsys):
 def test_a_safe_with_patch_gate_names_the_change_to_the_pipeline(patched, capsys):
     """The step a job owner takes: the wheel's exact file, MOE_CKPT_FIX=1 and the allow-to-fail
     line, in the job's own pipeline file (run 20261203-100332-eq-fresh: SAFE WITH PATCH)."""
-    from harness.fix import JOB_CHANGE, WHEEL
+    from harness.fix import BUILT_WHEEL, JOB_CHANGE
 
     path = RUNS / "20261203-100332-eq-fresh.results.json"
     rc = commands.cmd_verdict(_args(results=[str(path)], job=NANO, gate=True, patched=patched))
@@ -300,7 +300,7 @@ def test_a_safe_with_patch_gate_names_the_change_to_the_pipeline(patched, capsys
     if patched:
         pipeline = next(j.pipeline for j in verdict.load_quarantine().jobs if j.id == NANO)
         assert f"Next step: in {pipeline}," in line
-        assert f"pip install --no-deps {WHEEL}" in line and "make fix-wheel" in line
+        assert f"pip install --no-deps dist/{Path(BUILT_WHEEL).name}" in line and "make fix-wheel" in line
         assert "set MOE_CKPT_FIX=1" in line and "allow-to-fail line" in line
     else:
         assert "stays quarantined" in line and JOB_CHANGE in line and "Next step" not in line

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from harness.fix import JOB_CHANGE, WHEEL
+from harness.fix import BUILT_WHEEL, JOB_CHANGE
 from harness.records import RunResults
 from harness.report import verdict as vd
 from harness.report.records_index import Pair
@@ -163,7 +163,7 @@ def next_step(v: vd.Verdict, pair: Pair | None, patched: bool) -> str:
         pkg = f"nvidia-modelopt=={pair.modelopt} (with megatron-core {pair.mcore}, the pair judged)"
     if patched and fix_runs(pair, j):
         change = (f"install {pkg} in the job's image and the moe-ckpt-fix wheel, `pip install "
-                  f"--no-deps {WHEEL}` (built by `make fix-wheel`); set MOE_CKPT_FIX=1 in its "
+                  f"--no-deps {BUILT_WHEEL}` (built by `make fix-wheel`); set MOE_CKPT_FIX=1 in its "
                   "environment (README 'Using the fix')")
     elif patched and pair is not None and rules_for(pair.modelopt, pair.mcore).fix_parts_apply:
         change = (f"install {pkg}; remove the moe-ckpt-fix wheel and MOE_CKPT_FIX (this release has "
