@@ -121,6 +121,12 @@ PATCHES = tuple(p.value for p in Patch)
 OUTCOMES = tuple(Outcome)
 # The harness saw what it expected.
 GOOD_OUTCOMES = (Outcome.PASS, Outcome.BUG_REPRODUCED)
+# What a cell's test passes on: the harness saw what it expected, or the judge confirmed a
+# limitation of the product (a predicted refusal; a recipe ModelOpt refuses for this model). The
+# run's exit code passes on them too (harness/run/results.py exit_code).
+PASSING_OUTCOMES = (*GOOD_OUTCOMES, Outcome.KNOWN_REFUSAL, Outcome.NOT_QUANTIZABLE)
+# What says nothing about the product either way: a cell's test skips, naming it and its reason.
+UNDECIDED_OUTCOMES = (Outcome.BLOCKED, Outcome.SKIPPED, Outcome.RULE_UNKNOWN)
 # The run fails: the world differs from what the installed ModelOpt's rules predict.
 UNEXPECTED_OUTCOMES = (Outcome.UNEXPECTED_FAILURE, Outcome.UNEXPECTED_PASS)
 

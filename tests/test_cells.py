@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from harness.machine import skip_reason
-from harness.records import GOOD_OUTCOMES, Outcome
+from harness.records import PASSING_OUTCOMES, UNDECIDED_OUTCOMES
 
 
 def test_cell(cell, run_dir):
@@ -14,9 +14,9 @@ def test_cell(cell, run_dir):
     from harness.run.cell import run_cell
 
     rec = run_cell(cell, run_dir)
-    if rec.outcome == Outcome.BLOCKED:
-        pytest.skip(rec.reason)
-    assert rec.outcome in GOOD_OUTCOMES, (
+    if rec.outcome in UNDECIDED_OUTCOMES:
+        pytest.skip(f"{rec.outcome}: {rec.reason}")
+    assert rec.outcome in PASSING_OUTCOMES, (
         f"{rec.outcome} (expected {rec.expected}) at {rec.failed_stage or '-'}: "
         f"{rec.exception_type or ''} {rec.message or rec.reason or ''}"[:3000]
     )
