@@ -4,7 +4,6 @@ expert TP 1 is refused at expert TP 2 ("Global shape mismatch ... weight_quantiz
 ModelOpt refuses to calibrate it at expert TP 2 at all.
 
 Two ranks, tp 1; expert TP 1 is ep 2, expert TP 2 is ep 1:
-
     torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint localhost:0 repro.py
       # save at ETP 1, load at ETP 2, re-save there, compare both checkpoints bit for bit
     repro.py --stage save --save-etp 2 --ckpt DIR   # one half of a format check: save only
@@ -24,6 +23,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not Exception
 
 def init():
     world, local = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
@@ -181,7 +181,7 @@ def main():
                 dist.barrier()
                 finish(0, f"REPRO: saved at expert TP {args.save_etp}: {ckpt}")
         bad, amax = stage_load(args.load_etp, ckpt)
-    except Exception as exc:  # noqa: BLE001 - the verdict names what was raised
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the verdict names it
         text = str(exc)
         print(f"rank {dist.get_rank()}: {type(exc).__name__}: {text[-1500:]}", file=sys.stderr)
         if "Global shape mismatch" in text or "Invalid access pattern" in text:
