@@ -24,7 +24,7 @@ def cmd_map(args) -> int:
 def cmd_recipes(args) -> int:
     """Every recipe the installed ModelOpt ships that quantizes routed-expert weights
     (harness/rank/recipe_survey.py), as a table (harness/report/recipes.py) or JSON."""
-    from harness.check.versions import behaviour_for, installed_modelopt
+    from harness.check.versions import installed_mcore, installed_modelopt, rules_for
     from harness.report.recipes import table
     from harness.rank.recipe_survey import in_own_process
 
@@ -33,7 +33,7 @@ def cmd_recipes(args) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(doc, indent=1) if args.json else table(doc, behaviour_for(installed_modelopt())))
+    print(json.dumps(doc, indent=1) if args.json else table(doc, rules_for(installed_modelopt(), installed_mcore())))
     return 0
 
 

@@ -378,7 +378,7 @@ def prepare(mp):
     import modelopt.torch.quantization.mode as mode
     import modelopt.torch.quantization.model_calib as model_calib
 
-    from . import Refused
+    from moe_ckpt_fix.parts import Refused
 
     grouped = mp._QuantMegatronTEGroupedLinear
     calibrate = model_calib.max_calibrate

@@ -202,7 +202,7 @@ def committed_cells() -> list[tuple[str, str, list[dict]]]:
     keeps cells per version and no ``created``: its name's stamp orders it."""
     import json
 
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import REFERENCE_MCORE
     from harness.paths import COMMITTED_RUNS
 
     out = []

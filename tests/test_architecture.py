@@ -6,6 +6,7 @@ readable and its teardown bounded; an import that crosses them is caught here, n
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -150,3 +151,27 @@ def test_the_fix_submodules_are_imported_by_their_own_name():
              for p in [*files, root / "conftest.py"]}
     offenders = {k: v for k, v in found.items() if v}
     assert not offenders, offenders
+
+
+RELEASES = FIX_PACKAGE / "releases.py"
+# A release or a band of releases spelled as a value: "0.47.0", "0.48.0rc1", "==0.15.*", "<0.47.0",
+# "==0.16.* || ==0.19.2". Prose that cites a release's source lines is not a value.
+_RELEASE = r"\s*([<>=!~]=?=?\s*)?\d+\.\d+\.(\d+(rc\d+)?|\*|x)\s*"
+RELEASE_VALUE = re.compile(rf"{_RELEASE}(\|\|{_RELEASE})*")
+
+
+def test_a_release_is_spelled_only_in_the_release_table():
+    """moe_ckpt_fix/releases.py is the one place a release version is a value; everything else
+    imports its names."""
+    found = []
+    for path in [*HARNESS.rglob("*.py"), *FIX_PACKAGE.rglob("*.py")]:
+        if path == RELEASES:
+            continue
+        tree = ast.parse(path.read_text())
+        own = {id(n.value) for n in ast.walk(tree)  # ``__version__ = ...``: the wheel's own version
+               if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__version__" for t in n.targets)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and RELEASE_VALUE.fullmatch(node.value) and id(node) not in own):
+                found.append(f"{path.relative_to(HARNESS.parent)}:{node.lineno} {node.value!r}")
+    assert not found, found

@@ -11,21 +11,16 @@ from __future__ import annotations
 import copy
 import re
 
-from harness.check.decision import CellDecision, decide, version_skip_reason  # noqa: F401
+from harness.check.decision import CellDecision, decide
 from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
 from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, topology_finding
-from harness.check import versions
+from harness.check.defects import MODEL_DEFECTS, MTP_POSITION_EMBEDDING, RESTORE_DRY_RUN
 from harness.check.plan import CellPlan
 from harness.check.versions import installed_mcore
 from harness.model.recipes import EXPERTS, KIND_TENSORS, SCALAR, STATIC_BLOCK
 from harness.records import (FIX_PARTS_ENV_KEY, NAMED_AMAX_STATES, CellRecord, Expected, Outcome,
                              Patch, Stage, StageCause, StageResult)
 
-
-def rules_for(modelopt: str | None, mcore: str | None = None):
-    """The rules of the (modelopt, megatron-core) pair (harness/check/versions.py); ``mcore``
-    None: the megatron-core installed here."""
-    return versions.rules_for(modelopt, mcore or installed_mcore())
 
 
 def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: StageResult | None,
@@ -191,7 +186,7 @@ def is_shape_refusal(cause: StageCause | None) -> bool:
 def model_defect_seen(cause: StageCause | None, topology, cell: CellPlan):
     """The model defect (harness/check/versions.py MODEL_DEFECTS) a stage at ``topology`` met,
     by megatron-core's own words on its key, where the cell's model reaches it; else None."""
-    for defect in versions.MODEL_DEFECTS:
+    for defect in MODEL_DEFECTS:
         if not defect.reached(cell.mtp_num_layers, cell.position_embedding, topology):
             continue
         if (cause and (cause.exc_type or "").endswith(defect.exception)
@@ -222,7 +217,7 @@ def known_restore_refusal(rec: CellRecord, stage: StageResult, blocked_by: str |
     harness/check/versions.py RESTORE_DRY_RUN, by its own words in the first failure's message):
     ``known-refusal`` with the defect's finding (and, for a load cell, that its save died of it,
     in the reference reload that restores ModelOpt's state)."""
-    defect = versions.RESTORE_DRY_RUN
+    defect = RESTORE_DRY_RUN
     if (rec.expected != Expected.RESTORE_DRY_RUN or stage.ok or stage.timed_out
             or stage.stage not in (Stage.SAVE, Stage.LOAD)
             or not (stage.cause and defect.seen(stage.cause.message))):
@@ -243,7 +238,7 @@ def judged_behind_restore_defect(rec: CellRecord, d: CellDecision) -> None:
         return
     rec.expected = d.behind
     rec.notice = ((f"{d.behind_notice}; " if d.behind_notice else "")
-                  + f"{Expected.RESTORE_DRY_RUN} was expected first ({versions.RESTORE_DRY_RUN.label}, "
+                  + f"{Expected.RESTORE_DRY_RUN} was expected first ({RESTORE_DRY_RUN.label}, "
                   "harness/check/versions.py RESTORE_DRY_RUN) and did not fire: it is "
                   f"nondeterministic, so the cell is judged as `{d.behind}`")
 
@@ -255,7 +250,7 @@ def model_defect_gone(rec: CellRecord, stage: str, topology) -> None:
     if why is None:
         rec.outcome = Outcome.UNEXPECTED_PASS
         rec.reason = (f"expected megatron-core to refuse the model at {topology.id} ({rec.expected}: "
-                      f"{versions.MTP_POSITION_EMBEDDING.label}), but the {stage} passed: the "
+                      f"{MTP_POSITION_EMBEDDING.label}), but the {stage} passed: the "
                       "defect is gone in this megatron-core")
         return
     rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, stage

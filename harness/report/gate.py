@@ -253,7 +253,7 @@ def parse_pair(modelopt: str, mcore: str | None) -> Pair:
     """``--modelopt V [--mcore V]`` as a pair; GateUsage for a version that is not one."""
     from packaging.version import InvalidVersion, Version
 
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import REFERENCE_MCORE
 
     mcore = mcore or REFERENCE_MCORE
     for flag, v in (("--modelopt", modelopt), ("--mcore", mcore)):

@@ -96,15 +96,15 @@ def with_pair(rec: Record) -> CellRecord:
     predates per-cell versions (2026-12-02): every such run had the then-pinned pair, 0.47.0 +
     0.19.2 (their results.json "versions" say so); one without megatron-core predates pairs
     (all on 0.19.2). A record that names an unknown version stays unknown."""
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import LAST_BUGGY, REFERENCE_MCORE
 
     rec = CellRecord.of(rec)
-    return replace(rec, modelopt=rec.modelopt or "0.47.0", mcore=rec.mcore or REFERENCE_MCORE)
+    return replace(rec, modelopt=rec.modelopt or LAST_BUGGY, mcore=rec.mcore or REFERENCE_MCORE)
 
 
 def pair_of(rec: Record) -> str:
     """``0.47.0 + mcore 0.19.2``: the pair a verdict line holds for."""
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import REFERENCE_MCORE
 
     rec = CellRecord.of(rec)
     return f"{rec.modelopt} + mcore {rec.mcore or REFERENCE_MCORE}"
@@ -372,7 +372,7 @@ def run_modelopt(run: RunResults) -> str:
 
 def _mcore(run: RunResults) -> str:
     """The run's megatron-core; runs before pairs were recorded all used the reference."""
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import REFERENCE_MCORE
 
     return str(run.version("megatron-core") or REFERENCE_MCORE)
 
