@@ -201,13 +201,13 @@ def _gate_committed(args) -> int:
 
 
 def cmd_evidence(args) -> int:
-    from harness.report.evidence import main as evidence_main
+    from harness.report.evidence_page import main as evidence_main
 
     return evidence_main(check=args.check)
 
 
 def cmd_report(args) -> int:
-    from harness.report.summary import main as report_main
+    from harness.report.picture import main as report_main
 
     return report_main(args)
 

@@ -89,7 +89,7 @@ def test_witness_expectations_follow_the_pair(cell_id, per_pair):
 
 
 def test_a_pair_that_cannot_save_predicts_its_exception_not_the_reports():
-    from harness.check.judge import is_bug
+    from harness.check.refusals import is_bug
     from harness.records import StageCause
 
     b = V.rules_for("0.48.0rc1", "0.15.3")

@@ -185,7 +185,8 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
 def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
     """The run's picture and report written, then what the evidence says and what to do next."""
     from harness.fix import JOB_CHANGE
-    from harness.report.summary import witness_lines, witnesses, write_report
+    from harness.report.picture import write_report
+    from harness.report.summary import witness_lines, witnesses
 
     run = RunDir(results_root / doc["run_id"])
     try:
