@@ -309,3 +309,18 @@ def own_recipe_job(root: Path, recipe: str, save: str, loads: list[str]):
         f'witness_scenario = "mine-witness"\nfix_scenario = "mine-fix"\nloads = {grid}\n')
     scenarios = [load_scenario(root / f"{n}.toml") for n in ("mine-witness", "mine-fix")]
     return load_quarantine(root / "q.toml"), scenarios
+
+
+# --- a 2-rank cpu stage on a pool (tests/test_pool.py, tests/test_fail_closed.py) ---
+def pool_spec(root: Path, stage: str, topo: str):
+    from harness.model.gpt import CPU_SIZE
+    from harness.rank.spec import StageSpec
+
+    return StageSpec(stage, topo, "cpu", "local", str(root / "save" / "ckpt"),
+                     str(root / "save" / "reference"), size=CPU_SIZE.as_dict())
+
+
+def pool_key(root: Path, world: int):
+    from harness.launch.pool import PoolKey
+
+    return PoolKey.of(world, "cpu", "none", "local", root)
