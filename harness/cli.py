@@ -105,7 +105,7 @@ def bounded_int(low: int, high: int):
 def _add_gate_pair_args(v: argparse.ArgumentParser) -> None:
     """``verdict --job ID --gate --modelopt V [--mcore V]``: the gate finds the committed records
     of that pair by itself (harness/report/records_index.py)."""
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import REFERENCE_MCORE
 
     v.add_argument("--modelopt", metavar="V",
                    help="with --gate: judge every committed record (tests/data/runs/) of "

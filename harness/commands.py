@@ -24,7 +24,7 @@ def cmd_map(args) -> int:
 def cmd_recipes(args) -> int:
     """Every recipe the installed ModelOpt ships that quantizes routed-expert weights
     (harness/rank/recipe_survey.py), as a table (harness/report/recipes.py) or JSON."""
-    from harness.check.versions import behaviour_for, installed_modelopt
+    from harness.check.versions import installed_mcore, installed_modelopt, rules_for
     from harness.report.recipes import table
     from harness.rank.recipe_survey import in_own_process
 
@@ -33,7 +33,7 @@ def cmd_recipes(args) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(doc, indent=1) if args.json else table(doc, behaviour_for(installed_modelopt())))
+    print(json.dumps(doc, indent=1) if args.json else table(doc, rules_for(installed_modelopt(), installed_mcore())))
     return 0
 
 
@@ -201,13 +201,13 @@ def _gate_committed(args) -> int:
 
 
 def cmd_evidence(args) -> int:
-    from harness.report.evidence import main as evidence_main
+    from harness.report.evidence_page import main as evidence_main
 
     return evidence_main(check=args.check)
 
 
 def cmd_report(args) -> int:
-    from harness.report.summary import main as report_main
+    from harness.report.picture import main as report_main
 
     return report_main(args)
 

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from harness.tiers import TIERS, facts
+from moe_ckpt_fix.releases import SUPPORTED_MCORE
 
-# megatron-core releases the harness runs on (the model builder, its cpu shims, the probes);
-# 0.19.2 is the reference. Which (ModelOpt, megatron-core) pairs have a rule is a separate
-# question: harness/check/versions.py. Outside the range a run needs the override.
-SUPPORTED_MCORE = ("0.15.0", "0.15.1", "0.15.2", "0.15.3", "0.16.0", "0.16.1", "0.19.2")
-REFERENCE_MCORE = "0.19.2"
+# megatron-core releases the harness runs on (the model builder, its cpu shims, the probes):
+# SUPPORTED_MCORE of moe_ckpt_fix/releases.py. Which (ModelOpt, megatron-core) pairs have a rule
+# is a separate question: harness/check/versions.py. Outside the range a run needs the override.
 MCORE_OVERRIDE = "HARNESS_ANY_MCORE"  # on: run on an untested megatron-core anyway (recorded)
 
 

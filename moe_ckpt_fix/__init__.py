@@ -24,7 +24,11 @@ modelopt until ``apply()`` runs, and nothing of the harness ever.
 """
 from __future__ import annotations
 
-import os
+from moe_ckpt_fix.parts import (EXPERT_AMAX_PART, PARTS, PARTS_ONLY_VERSIONS, STATIC_BLOCK_PART,  # noqa: F401
+                                UNLOADED_AMAX_PART, UNPROVEN_MODELOPT_VERSIONS, UNPROVEN_PARTS,
+                                UNPROVEN_VAR, Refused, TransformerEngineMissing,
+                                UnsupportedModeloptVersion, asked_for, asked_words, wanted)
+from moe_ckpt_fix.releases import SUPPORTED_MCORE_VERSIONS, SUPPORTED_MODELOPT_VERSION  # noqa: F401
 
 __version__ = "0.4.0"  # the wheel's version (tools/fix-wheel/pyproject.toml reads it)
 DISTRIBUTION = "moe-ckpt-fix"
@@ -32,59 +36,6 @@ WHEEL = f"moe_ckpt_fix-{__version__}-py3-none-any.whl"  # what `make fix-wheel` 
 BUILT_WHEEL = f"dist/{WHEEL}"  # where `make fix-wheel` leaves it, from the repository root
 # The whole change to a job's pipeline (README "Using the fix"; the gate's next step names it).
 JOB_CHANGE = f"pip install --no-deps {BUILT_WHEEL} and MOE_CKPT_FIX=1 in the job's environment"
-
-SUPPORTED_MODELOPT_VERSION = "0.47.0"  # every part, proven on a GPU
-# The names ``applied_parts()`` gives what it installed by: parts (a)-(e) (0.47.0 only) and (f).
-EXPERT_AMAX_PART, STATIC_BLOCK_PART = "expert-amax", "static-block"
-UNLOADED_AMAX_PART = "unloaded-amax"
-PARTS = {
-    EXPERT_AMAX_PART: "parts (a)-(e), per-expert amax across TP != ETP and through load_state_dict",
-    STATIC_BLOCK_PART: "part (f), static NVFP4 expert block amax across expert TP (issue 54)",
-    UNLOADED_AMAX_PART: "part (g), the grouped post-restore's dry run on expert amax not yet "
-                        "loaded (integer recipes' device-side assert; issue 52)",
-}
-# Releases that have parts (a)-(e) themselves: ``apply()`` installs only these parts there.
-PARTS_ONLY_VERSIONS = {"0.48.0rc1": (STATIC_BLOCK_PART, UNLOADED_AMAX_PART)}
-# A part or version with no GPU record yet is applied only when asked for by name
-# (``apply(allow_unproven=True)``, or UNPROVEN_VAR naming it), else refused or left out; it
-# moves to the proven ones when a GPU record of its cells exists (docs/fix.md). None at present:
-# part (f) and 0.48.0rc1 moved on 2026-12-06 (docs/runs/20261206-2027-device-session.md), part (g)
-# the same night (wheel 0.4.0).
-UNPROVEN_MODELOPT_VERSIONS: dict[str, str] = {}
-UNPROVEN_PARTS: dict[str, str] = {}  # part (g) moved on 2026-12-06 (docs/runs/20261206-2335-device-session.md)
-UNPROVEN_VAR = "MOE_CKPT_FIX_UNPROVEN"  # version or part names, commas between
-
-
-def asked_words(environ=os.environ) -> list[str]:
-    """What UNPROVEN_VAR names, in order: versions and parts of UNPROVEN_PARTS."""
-    return [w.strip() for w in environ.get(UNPROVEN_VAR, "").split(",") if w.strip()]
-
-
-def wanted(part: str, unproven: tuple[str, ...]) -> bool:
-    """Whether a patcher installs ``part``: proven, or unproven and asked for (``unproven``)."""
-    return part not in UNPROVEN_PARTS or part in unproven
-
-
-def asked_for(word: str) -> bool:
-    """Whether UNPROVEN_VAR names ``word`` (a version or a part of UNPROVEN_PARTS)."""
-    return word in asked_words()
-
-
-# Where its premise holds (per-expert amax take the DENSE TP rank: megatron-core >= 0.16, no
-# expert_dist_ckpt_decorator); 0.19.2 is checked on the GPU, 0.16.x by the same source lines.
-SUPPORTED_MCORE_VERSIONS = ("0.16.0", "0.16.1", "0.19.2")
-
-
-class Refused(RuntimeError):
-    """``apply()`` would not patch this environment; the autoload route turns it into one line."""
-
-
-class UnsupportedModeloptVersion(Refused):
-    """The installed nvidia-modelopt is not the one this fix was written and checked against."""
-
-
-class TransformerEngineMissing(Refused):
-    """ModelOpt's Transformer Engine plugin classes (TEGroupedMLP support) are not defined."""
 
 
 def _installed_modelopt_version() -> str | None:
@@ -135,9 +86,9 @@ def apply(allow_unproven: bool = False) -> str:
             "rank, and collides on the shared input_quantizer amax instead, which this fix does "
             "not touch: harness/check/versions.py of the moe-ckpt-harness repository)")
     if installed == SUPPORTED_MODELOPT_VERSION:
-        from . import modelopt_0_47_0 as patcher
+        from moe_ckpt_fix import modelopt_0_47_0 as patcher
     else:
-        from . import modelopt_0_48_0rc1 as patcher
+        from moe_ckpt_fix import modelopt_0_48_0rc1 as patcher
     description = patcher.apply(
         unproven=tuple(p for p in UNPROVEN_PARTS if allow_unproven or asked_for(p)))
     _applied_version, _applied_parts = __version__, patcher.parts()

@@ -42,8 +42,9 @@ import functools
 import inspect
 import re
 
-from . import (EXPERT_AMAX_PART, STATIC_BLOCK_PART, UNLOADED_AMAX_PART, Refused,
-               TransformerEngineMissing, legacy_load, static_block, unloaded_amax, wanted)
+from moe_ckpt_fix import legacy_load, static_block, unloaded_amax
+from moe_ckpt_fix.parts import (EXPERT_AMAX_PART, STATIC_BLOCK_PART, UNLOADED_AMAX_PART, Refused,
+                                TransformerEngineMissing, wanted)
 
 _MARK = "__moe_ckpt_fix__"  # set on every function this module installs (idempotency)
 # Keys of the per-expert state dicts that (a) targets: "{gemm_idx}.weight_quantizer.{sub}".

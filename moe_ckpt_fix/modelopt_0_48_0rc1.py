@@ -10,8 +10,8 @@ moe-ckpt-harness repository cites the lines), but not (f): its ``_QuantMegatronT
 """
 from __future__ import annotations
 
-from . import (STATIC_BLOCK_PART, UNLOADED_AMAX_PART, TransformerEngineMissing, static_block,
-               unloaded_amax, wanted)
+from moe_ckpt_fix import static_block, unloaded_amax
+from moe_ckpt_fix.parts import STATIC_BLOCK_PART, UNLOADED_AMAX_PART, TransformerEngineMissing, wanted
 
 _applied: str | None = None
 _parts: tuple[str, ...] = ()

@@ -38,6 +38,8 @@ from __future__ import annotations
 import functools
 import inspect
 
+from moe_ckpt_fix.block_layout import local_part, whole_from_parts  # noqa: F401  (tests read them here)
+
 MARK = "__moe_ckpt_fix_static_block__"  # on every function this module installs (idempotency)
 _ANY_MARK = "__moe_ckpt_fix__"  # the package's common mark (tests look for it)
 
@@ -101,37 +103,6 @@ def fits(amax, weight, block: int) -> bool:
     rows, cols = weight.local_shape[-2:]
     return (weight.flattened_range is None and len(weight.local_shape) == 2 and cols % block == 0
             and amax.numel() == rows * cols // block)
-
-
-def _grid_pieces(full, rows: int, axis: int, halves: int, size: int):
-    """``full`` (the expert's ``(N, 1)`` block amax in ETP-1 order) viewed so that index
-    ``[:, r]`` is expert-TP rank r's local ``(rows, N / rows / size)`` grid (its own order):
-    fc1 (axis 0) ``(halves, size, rows / halves, c)``: rank r holds row block r of every half
-    (``[W_r; V_r]`` of a gated unit); fc2 (axis 1) ``(rows, size, c)``: its column block r."""
-    c = full.numel() // (rows * size)
-    if axis == 0:
-        return full.view(halves, size, rows // halves, c)
-    return full.view(rows, size, c)
-
-
-def local_part(full, rows: int, axis: int, halves: int, rank: int, size: int):
-    """Expert-TP rank ``rank`` of ``size``'s block amax ``(N / size, 1)``, in its local weight's
-    row-major block order, cut from the whole expert's ``full`` ``(N, 1)``."""
-    return _grid_pieces(full, rows, axis, halves, size)[:, rank].reshape(-1, 1).clone()
-
-
-def whole_from_parts(parts, rows: int, axis: int, halves: int):
-    """Inverse of ``local_part``: the expert's ``(N, 1)`` in ETP-1 order from every rank's part
-    (expert-TP rank order)."""
-    import torch
-
-    size = len(parts)
-    full = torch.empty((parts[0].numel() * size, 1), dtype=parts[0].dtype, device=parts[0].device)
-    grid = _grid_pieces(full, rows, axis, halves, size)
-    c = grid.shape[-1]
-    for r, p in enumerate(parts):
-        grid[:, r] = p.reshape(halves, rows // halves, c) if axis == 0 else p.reshape(rows, c)
-    return full
 
 
 def gather_whole(local, rows: int, axis: int, halves: int, group):
@@ -378,7 +349,7 @@ def prepare(mp):
     import modelopt.torch.quantization.mode as mode
     import modelopt.torch.quantization.model_calib as model_calib
 
-    from . import Refused
+    from moe_ckpt_fix.parts import Refused
 
     grouped = mp._QuantMegatronTEGroupedLinear
     calibrate = model_calib.max_calibrate

@@ -202,7 +202,7 @@ def committed_cells() -> list[tuple[str, str, list[dict]]]:
     keeps cells per version and no ``created``: its name's stamp orders it."""
     import json
 
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import REFERENCE_MCORE
     from harness.paths import COMMITTED_RUNS
 
     out = []
@@ -317,3 +317,18 @@ def one_rank_store():
     import torch.distributed as dist
 
     return dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
+
+
+# --- a 2-rank cpu stage on a pool (tests/test_pool.py, tests/test_fail_closed.py) ---
+def pool_spec(root: Path, stage: str, topo: str):
+    from harness.model.gpt import CPU_SIZE
+    from harness.rank.spec import StageSpec
+
+    return StageSpec(stage, topo, "cpu", "local", str(root / "save" / "ckpt"),
+                     str(root / "save" / "reference"), size=CPU_SIZE.as_dict())
+
+
+def pool_key(root: Path, world: int):
+    from harness.launch.pool import PoolKey
+
+    return PoolKey.of(world, "cpu", "none", "local", root)

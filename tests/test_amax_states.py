@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.check.judge import verify_problems
+from harness.check.verify_figures import verify_problems
 from harness.rank.compare import compare, expert_amax_state
 
 pytestmark = pytest.mark.cpu

@@ -6,6 +6,7 @@ readable and its teardown bounded; an import that crosses them is caught here, n
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def _graph() -> dict[str, dict[str, set[str]]]:
 
 def test_every_module_sits_in_a_package_or_is_a_known_top_level_module():
     top = {p.stem for p in HARNESS.glob("*.py")}
-    assert top == {"__init__", "__main__", "cli", "commands", "machine", "paths", "jsonfile", "records", "tiers", "switches", "bounded"}, top
+    assert top == {"__init__", "__main__", "cli", "commands", "machine", "paths", "jsonfile", "records", "tiers", "switches", "bounded", "outcomes"}, top
     assert {p.name for p in HARNESS.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(PACKAGES)
 
 
@@ -150,3 +151,119 @@ def test_the_fix_submodules_are_imported_by_their_own_name():
              for p in [*files, root / "conftest.py"]}
     offenders = {k: v for k, v in found.items() if v}
     assert not offenders, offenders
+
+
+RELEASES = FIX_PACKAGE / "releases.py"
+# A release or a band of releases spelled as a value: "0.47.0", "0.48.0rc1", "==0.15.*", "<0.47.0",
+# "==0.16.* || ==0.19.2". Prose that cites a release's source lines is not a value.
+_RELEASE = r"\s*([<>=!~]=?=?\s*)?\d+\.\d+\.(\d+(rc\d+)?|\*|x)\s*"
+RELEASE_VALUE = re.compile(rf"{_RELEASE}(\|\|{_RELEASE})*")
+
+
+def test_a_release_is_spelled_only_in_the_release_table():
+    """moe_ckpt_fix/releases.py is the one place a release version is a value; everything else
+    imports its names."""
+    found = []
+    for path in [*HARNESS.rglob("*.py"), *FIX_PACKAGE.rglob("*.py")]:
+        if path == RELEASES:
+            continue
+        tree = ast.parse(path.read_text())
+        own = {id(n.value) for n in ast.walk(tree)  # ``__version__ = ...``: the wheel's own version
+               if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__version__" for t in n.targets)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and RELEASE_VALUE.fullmatch(node.value) and id(node) not in own):
+                found.append(f"{path.relative_to(HARNESS.parent)}:{node.lineno} {node.value!r}")
+    assert not found, found
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(HARNESS.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the modules of harness/ and moe_ckpt_fix/ it imports (function bodies included):
+    ``from a import b`` names the module a.b where it is one, else a; a package's __init__ is the
+    package's own node, and ``harness.fix`` is ``moe_ckpt_fix``."""
+    files = [*HARNESS.rglob("*.py"), *FIX_PACKAGE.rglob("*.py")]
+    known = {_module_name(p) for p in files}
+    graph: dict[str, set[str]] = {}
+    for path in files:
+        name = _module_name(path)
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            else:
+                continue
+            for t in targets:
+                t = "moe_ckpt_fix" + t[len("harness.fix"):] if t.split(".")[:2] == ["harness", "fix"] else t
+                while t and t not in known:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    edges.add(t)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_between_modules():
+    """No module reaches itself through imports, counting imports inside functions: a lazy import
+    that closes a circle is still a circle a reader has to hold in mind."""
+    cycles = _cycles(_module_graph())
+    assert not cycles, cycles
+
+
+def test_the_module_cycle_checker_sees_a_lazy_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert "harness.check.decision" in _module_graph()["harness.run.cell"]
+
+
+MAX_LINES = 400
+
+
+def test_no_module_is_over_400_lines():
+    sizes = {str(p.relative_to(HARNESS.parent)): len(p.read_text().splitlines())
+             for p in [*HARNESS.rglob("*.py"), *FIX_PACKAGE.rglob("*.py")]}
+    over = {k: v for k, v in sorted(sizes.items()) if v > MAX_LINES}
+    assert not over, over

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records import (GOOD_OUTCOMES, PASSING_OUTCOMES, UNDECIDED_OUTCOMES,
+from harness.outcomes import (GOOD_OUTCOMES, PASSING_OUTCOMES, UNDECIDED_OUTCOMES,
                              UNEXPECTED_OUTCOMES, Outcome)
 from harness.run.results import exit_code
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from harness.machine import skip_reason
-from harness.records import PASSING_OUTCOMES, UNDECIDED_OUTCOMES
+from harness.outcomes import PASSING_OUTCOMES, UNDECIDED_OUTCOMES
 
 
 def test_cell(cell, run_dir):

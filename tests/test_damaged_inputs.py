@@ -15,7 +15,7 @@ import pytest
 from harness.check.results_file import INCOMPLETE_LINE, ResultsFileError, read_results
 from harness.golden import inspect
 from harness.records import OUTCOMES
-from harness.report import summary, verdict, verdict_text
+from harness.report import picture, summary, verdict, verdict_text
 
 pytestmark = pytest.mark.cpu
 
@@ -203,7 +203,7 @@ def bad(request, tmp_path) -> tuple[Path, str]:
 
 def test_report_refuses_bad_results(bad, capsys):
     path, says = bad
-    rc = summary.main(SimpleNamespace(results=str(path), results_root="unused"))
+    rc = picture.main(SimpleNamespace(results=str(path), results_root="unused"))
     captured = capsys.readouterr()
     assert rc == 2
     _one_line(captured.err, str(path), says)
@@ -239,7 +239,7 @@ def test_incomplete_run_is_reported_as_such(tmp_path, capsys):
     path = tmp_path / "run" / "results.json"
     path.parent.mkdir()
     path.write_text(json.dumps(doc))
-    assert summary.main(SimpleNamespace(results=str(path), results_root="unused")) == 0
+    assert picture.main(SimpleNamespace(results=str(path), results_root="unused")) == 0
     head = (path.parent / "summary.md").read_text().splitlines()[:4]
     assert any(INCOMPLETE_LINE in line for line in head), head
     capsys.readouterr()

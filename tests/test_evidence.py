@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from harness.paths import COMMITTED_RUNS, EVIDENCE_PAGE, README, REPO_ROOT
-from harness.report import evidence, gate
+from harness.report import evidence, evidence_page, gate
+from harness.report.blocks import with_blocks
 
 pytestmark = pytest.mark.cpu
 
@@ -24,13 +25,13 @@ def ev() -> evidence.Evidence:
 
 
 def test_the_committed_page_is_what_the_records_give_now(ev):
-    assert EVIDENCE_PAGE.read_text() == evidence.page(ev), (
+    assert EVIDENCE_PAGE.read_text() == evidence_page.page(ev), (
         "docs/evidence.md differs from what the committed records give: run python -m harness evidence")
 
 
 def test_the_readmes_generated_tables_are_what_the_records_give_now(ev):
     text = README.read_text()
-    assert text == evidence.with_blocks(text, evidence.readme_blocks(ev)), (
+    assert text == with_blocks(text, evidence.readme_blocks(ev)), (
         "README.md's generated tables differ from the committed records: run python -m harness evidence")
 
 
@@ -41,7 +42,7 @@ def test_a_changed_record_changes_the_page(tmp_path):
     runs.mkdir()
     name = "20261206-075927-recipes-0.48.0rc1-none-mc0.16.1.results.json"
     shutil.copy(COMMITTED_RUNS / name, runs / name)
-    before = evidence.page(evidence.Evidence(runs))
+    before = evidence_page.page(evidence.Evidence(runs))
     doc = json.loads((runs / name).read_text())
     cell = next(c for c in doc["cells"]
                 if c["cell_id"] == "gpu-nano-recipe-witness[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]")
@@ -49,7 +50,7 @@ def test_a_changed_record_changes_the_page(tmp_path):
     cell.update(outcome="bug-reproduced", failed_stage="load", exception_type="CheckpointingException",
                 message="Invalid access pattern", verify={})
     (runs / name).write_text(json.dumps(doc))
-    after = evidence.page(evidence.Evidence(runs))
+    after = evidence_page.page(evidence.Evidence(runs))
     assert before != after
     nano = lambda page: page.split("### Nemotron-3 Nano", 1)[1].split("\n### ", 1)[0]  # noqa: E731
     assert "| 0.48.0rc1 + 0.16.1 | SAFE |" in nano(before)

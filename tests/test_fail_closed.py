@@ -20,7 +20,7 @@ from harness.paths import GOLDEN_DIR, SaveDir
 from harness.records import CauseKind, StageResult
 from harness.run.saved import verified_save
 from tests.helpers import pool_processes
-from tests.test_pool import key, spec
+from tests.helpers import pool_key as key, pool_spec as spec
 
 pytestmark = pytest.mark.cpu
 

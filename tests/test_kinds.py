@@ -14,6 +14,7 @@ import pytest
 from harness.check import decision as decision_module
 from harness.check import judge
 from harness.check.rejudge import rejudge_record
+from harness.check.versions import rules_for
 from harness.check.recipes import ULTRA_4O6
 from harness.records import CauseKind, CellRecord, StageCause, StageResult
 from harness.scenario.scenarios import load_scenario
@@ -96,7 +97,7 @@ def test_the_recorded_kinds_decide_and_the_forecast_disagreement_is_named(tmp_pa
     that recorded scalar experts is judged as scalar: under 0.48.0rc1 (expert-TP replica ids, no
     second bug) an ETP change of a replicated (1,) amax passes."""
     cell = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp2-etp2-ep2")
-    assert cell.expected_under(judge.rules_for("0.48.0rc1", "0.19.2")) == "reshard-refused"
+    assert cell.expected_under(rules_for("0.48.0rc1", "0.19.2")) == "reshard-refused"
     rec = judge.judge_cell(_record(cell, "0.48.0rc1"), cell.plan,
                            _save("0.48.0rc1", {"experts": ["scalar"]}), _passed("0.48.0rc1"))
     assert (rec.expected, rec.outcome) == ("pass", "pass"), rec.notice

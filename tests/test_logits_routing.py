@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.check.judge import judged_verify, verify_problems
+from harness.check.verify_figures import judged_verify, verify_problems
 from harness.check.logits import FP32_ROUNDING, judge_logits, topology_finding
 from harness.rank.logits import at_load_topology_figures, logits_figures, same_routing_tokens
 

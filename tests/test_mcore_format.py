@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from harness.check import judge
+from harness.check import decision, judge
+from harness.check import defects
 from harness.check import versions as V
 from harness.golden.forecast import REFUSED, advice, forecast
 from harness.golden.layout import inspect_checkpoint
@@ -27,33 +28,33 @@ def _cell():
 
 def test_the_committed_goldens_have_no_common_pt():
     # what megatron-core 0.19.2 wrote; if this changes, the rule below must be read again
-    assert not (REPO_ROOT / "tests" / "golden" / GOLDEN / "ckpt" / V.COMMON_PT).exists()
+    assert not (REPO_ROOT / "tests" / "golden" / GOLDEN / "ckpt" / defects.COMMON_PT).exists()
 
 
 @pytest.mark.parametrize("mcore,refused", [("0.15.3", True), ("0.16.1", True), ("0.16.0", True),
                                            ("0.19.2", False), ("not-a-version", False)])
 def test_common_pt_problem_per_release(tmp_path, mcore, refused):
-    problem = V.common_pt_problem(tmp_path, mcore)
+    problem = defects.common_pt_problem(tmp_path, mcore)
     assert bool(problem) is refused
     if refused:
         assert str(tmp_path) in problem and "common.pt" in problem and mcore in problem
-    (tmp_path / V.COMMON_PT).write_bytes(b"")
-    assert V.common_pt_problem(tmp_path, mcore) is None
+    (tmp_path / defects.COMMON_PT).write_bytes(b"")
+    assert defects.common_pt_problem(tmp_path, mcore) is None
 
 
 def test_a_golden_the_megatron_core_cannot_read_is_skipped_with_the_reason():
     cell = _cell()
     b = V.rules_for("0.47.0", "0.16.1")
-    reason = judge.version_skip_reason(cell.plan, b, "0.47.0", "0.16.1")
+    reason = decision.version_skip_reason(cell.plan, b, "0.47.0", "0.16.1")
     assert reason and GOLDEN in reason and "common.pt" in reason and "0.16.1" in reason
-    assert judge.version_skip_reason(cell.plan, V.rules_for("0.47.0", "0.19.2"), "0.47.0", "0.19.2") is None
+    assert decision.version_skip_reason(cell.plan, V.rules_for("0.47.0", "0.19.2"), "0.47.0", "0.19.2") is None
 
 
 def test_a_golden_with_common_pt_is_not_skipped(tmp_path):
     cell = _cell()
     root = tmp_path / "golden"
     shutil.copytree(REPO_ROOT / "tests" / "golden" / GOLDEN, root / GOLDEN)
-    (root / GOLDEN / "ckpt" / V.COMMON_PT).write_bytes(b"")
+    (root / GOLDEN / "ckpt" / defects.COMMON_PT).write_bytes(b"")
     from harness.golden.manifest import read_manifest, write_manifest
 
     old = read_manifest(root / GOLDEN)  # the copy's manifest lists the file it now holds
@@ -62,7 +63,7 @@ def test_a_golden_with_common_pt_is_not_skipped(tmp_path):
                                      if k in old})
     import dataclasses
     cell = dataclasses.replace(cell, scenario=dataclasses.replace(cell.scenario, golden_root=root))
-    assert judge.version_skip_reason(cell.plan, V.rules_for("0.47.0", "0.16.1"), "0.47.0", "0.16.1") is None
+    assert decision.version_skip_reason(cell.plan, V.rules_for("0.47.0", "0.16.1"), "0.47.0", "0.16.1") is None
 
 
 def test_not_restored_counts_only_an_amax_refusal():

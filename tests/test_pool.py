@@ -14,6 +14,8 @@ from harness.launch.pool import PoolKey, PoolSet
 from harness.launch.torchrun import run_stage
 from harness.rank.spec import StageSpec
 from harness.report.equivalence import differences
+from tests.helpers import pool_key as key
+from tests.helpers import pool_spec as spec
 from harness.run.cells import run_cells, select_cells
 from harness.scenario.scenarios import load_all
 from tests.helpers import TEARDOWN_LIMIT_S, interrupt_a_hung_stage, pool_processes
@@ -60,17 +62,6 @@ def test_pool_mode_gives_the_same_records_and_reuses_a_pool(tmp_path, monkeypatc
 def test_pool_mode_gives_the_same_records_and_reuses_pools(tmp_path, monkeypatch):
     """The save, its save-only cell and loads at 4, 2 and 2 (pp2) ranks."""
     same_records_and_reused_pools(tmp_path, monkeypatch, CELLS, stages=4)
-
-
-def spec(root: Path, stage: str, topo: str) -> StageSpec:
-    from harness.model.gpt import CPU_SIZE
-
-    return StageSpec(stage, topo, "cpu", "local", str(root / "save" / "ckpt"),
-                     str(root / "save" / "reference"), size=CPU_SIZE.as_dict())
-
-
-def key(root: Path, world: int) -> PoolKey:
-    return PoolKey.of(world, "cpu", "none", "local", root)
 
 
 @pytest.fixture(scope="module")

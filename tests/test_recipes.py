@@ -142,7 +142,7 @@ def test_the_catalogue_says_what_modelopt_configures(surveyed, ref):
 def test_the_recorded_refusal_is_judged_a_known_refusal_not_the_bug():
     """The H100 run's ETP 1 -> 2 load of the Ultra recipe (tests/data/runs) re-judged: the
     global-shape refusal is the limitation the rule predicts, never `bug-reproduced`."""
-    from harness.check.judge import is_bug, is_shape_refusal
+    from harness.check.refusals import is_bug, is_shape_refusal
     from harness.records import CauseKind, StageCause
 
     text = ("CheckpointException ranks:dict_keys([0]) ... megatron.core.dist_checkpointing.core."

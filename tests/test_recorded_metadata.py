@@ -16,7 +16,7 @@ from harness.check.keys import is_expert_weight_amax
 from harness.run.validation_probes import run_probe
 from harness.topology.coords import rank_coords
 from harness.topology.topology import Topology
-from harness.check.versions import behaviour_for
+from harness.check.versions import rules_for
 
 RECORDED = Path(__file__).parent / "data" / "recorded"
 # 0.47.0 at the top level (buggy and patched), other versions in a directory named after them.
@@ -43,7 +43,7 @@ def _rule(doc: dict) -> str:
     if doc["provenance"]["patch"] == "fix":
         return "fixed"
     # the pair that recorded it (every recording so far: megatron-core 0.19.2)
-    return behaviour_for(_version(doc), doc["provenance"].get("megatron-core", "0.19.2")).replica_rule
+    return rules_for(_version(doc), doc["provenance"].get("megatron-core", "0.19.2")).replica_rule
 
 
 def _id(path: Path) -> str:

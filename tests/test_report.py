@@ -14,8 +14,8 @@ from harness.report.summary import (
     cell_seconds,
     markdown_summary,
     progress_line,
-    write_grid_png,
 )
+from harness.report.picture import write_grid_png
 
 pytestmark = pytest.mark.cpu
 
@@ -107,7 +107,7 @@ def test_the_grid_picture_keeps_every_text_inside(results, cells):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from harness.report.summary import grid_figure, outside_figure
+    from harness.report.picture import grid_figure, outside_figure
 
     doc = dict(results)
     base = results["cells"]

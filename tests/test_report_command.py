@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.report import summary as report_summary
+from harness.report import picture as report_summary
 
 pytestmark = pytest.mark.cpu
 

@@ -18,7 +18,8 @@ import pytest
 from harness.check.probes import judge_probe
 from harness.paths import RunDir
 from harness.records import Outcome, ProbeRecord, ProbeRule
-from harness.report.summary import CATEGORIES, category, grid_figure, outside_figure, write_report
+from harness.report.picture import grid_figure, outside_figure, write_report
+from harness.report.summary import CATEGORIES, category
 from harness.run.results import collect, exit_code, write_probes
 
 pytestmark = pytest.mark.cpu

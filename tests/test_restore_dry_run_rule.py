@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from harness.check import decision as decision_module
-from harness.check import judge, versions
+from harness.check import judge, kinds, versions
 from harness.check.rejudge import rejudge_record
 from harness.check.results_file import read_results
 from harness.check.versions import RESTORE_DRY_RUN, rules_for
@@ -280,6 +280,6 @@ def test_the_save_stage_and_the_expectation_share_the_reload_rule():
     versions.measures_logits, which the expectation reads (versions.reference_reload)."""
     src = (ROOT / "harness" / "rank" / "stages.py").read_text()
     assert "reload_keeps_state(" in src and "measures_logits(" in src
-    assert versions.reference_reload(False, False, [rules_for("0.48.0rc1", "0.19.2").kinds[PER_CHANNEL]], 1, True)
-    assert not versions.reference_reload(False, False, [rules_for("0.47.0", "0.19.2").kinds[PER_CHANNEL]], 1, True)
-    assert not versions.reference_reload(True, False, [], 2, False)
+    assert kinds.reference_reload(False, False, [rules_for("0.48.0rc1", "0.19.2").kinds[PER_CHANNEL]], 1, True)
+    assert not kinds.reference_reload(False, False, [rules_for("0.47.0", "0.19.2").kinds[PER_CHANNEL]], 1, True)
+    assert not kinds.reference_reload(True, False, [], 2, False)

@@ -45,7 +45,7 @@ def test_the_grid_its_excluded_from_is_the_committed_one():
 
 
 def test_sampled_scenarios_are_ordinary_oracle_scenarios():
-    from harness.check.versions import behaviour_for
+    from harness.check.versions import installed_mcore, rules_for
 
     scenarios = sample_scenarios(25, 30, loads_per_save=3, patch="none")
     cells = [c for s in scenarios for c in s.cells()]
@@ -54,7 +54,7 @@ def test_sampled_scenarios_are_ordinary_oracle_scenarios():
     assert len({c.id for c in cells}) == len(cells)
     assert len({c.save_id for c in cells if c.load is None}) == len(scenarios)  # one save each
     # the unpatched 0.47.0 witness has cells the rules expect to fail, 0.48.0rc1 expects none
-    under = {v: {c.expected_under(behaviour_for(v)) for c in cells} for v in ("0.47.0", "0.48.0rc1")}
+    under = {v: {c.expected_under(rules_for(v, installed_mcore())) for c in cells} for v in ("0.47.0", "0.48.0rc1")}
     assert under["0.48.0rc1"] == {"pass"} and {"fail-save", "fail-load"} & under["0.47.0"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch.distributed
 
-from harness.check.versions import behaviour_for
+from harness.check.versions import rules_for
 from harness.topology import scale
 from harness.topology.topology import Topology
 
@@ -26,7 +26,7 @@ def _rule(doc: dict) -> str:
         return "fixed"
     # the pair that recorded it (every recording so far: megatron-core 0.19.2)
     prov = doc["provenance"]
-    return behaviour_for(prov["nvidia-modelopt"], prov.get("megatron-core", "0.19.2")).replica_rule
+    return rules_for(prov["nvidia-modelopt"], prov.get("megatron-core", "0.19.2")).replica_rule
 
 
 def _id(path: Path) -> str:

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from harness.check import versions as V
-from harness.check.judge import ran_decision, version_skip_reason
+from harness.check.decision import version_skip_reason
+from harness.check.judge import ran_decision
 from harness.records import StageResult
 from harness.run.cell import new_record
 from harness.scenario.scenarios import load_all
@@ -88,7 +89,7 @@ def test_witness_expectations_follow_the_pair(cell_id, per_pair):
 
 
 def test_a_pair_that_cannot_save_predicts_its_exception_not_the_reports():
-    from harness.check.judge import is_bug
+    from harness.check.refusals import is_bug
     from harness.records import StageCause
 
     b = V.rules_for("0.48.0rc1", "0.15.3")
@@ -107,7 +108,7 @@ def test_a_pair_that_cannot_save_predicts_its_exception_not_the_reports():
 
 
 def test_rules_differ_where_the_sources_differ():
-    old, bug, rc = (V.behaviour_for(v) for v in ("0.46.1", "0.47.0", "0.48.0rc1"))
+    old, bug, rc = (V.rules_for(v, V.installed_mcore()) for v in ("0.46.1", "0.47.0", "0.48.0rc1"))
     assert (old.layout, bug.layout, rc.layout) == (V.SHARED, V.PER_EXPERT, V.PER_EXPERT)
     assert (old.replica_rule, bug.replica_rule, rc.replica_rule) == (None, "dense-tp", "expert-tp")
     assert bug.drops_expert_amax_on_reload and not rc.drops_expert_amax_on_reload
@@ -124,7 +125,7 @@ def test_rules_differ_where_the_sources_differ():
 ])
 def test_witness_expectations_follow_the_version(cell_id, per_version):
     cell = _cell("gpu-witness", cell_id)
-    got = {v: cell.expected_under(V.behaviour_for(v)) for v in per_version}
+    got = {v: cell.expected_under(V.rules_for(v, V.installed_mcore())) for v in per_version}
     assert got == per_version
 
 
@@ -139,13 +140,13 @@ def test_witness_expectations_follow_the_version(cell_id, per_version):
 def test_golden_expectations_follow_the_version(golden, per_version):
     cell = _cell("gpu-golden-witness",
                  f"gpu-golden-witness[golden={golden},load=tp1-etp1-ep1-pp1]")
-    got = {v: cell.expected_under(V.behaviour_for(v)) for v in per_version}
+    got = {v: cell.expected_under(V.rules_for(v, V.installed_mcore())) for v in per_version}
     assert got == per_version
 
 
 def test_patched_cells_expect_pass_whatever_the_version():
     cell = _cell("gpu-fix", "gpu-fix[save=tp2-etp1-ep2-pp1,save-only]")
-    assert {cell.expected_under(V.behaviour_for(v)) for v in ("0.47.0", "0.48.0rc1")} == {"pass"}
+    assert {cell.expected_under(V.rules_for(v, V.installed_mcore())) for v in ("0.47.0", "0.48.0rc1")} == {"pass"}
 
 
 def _ran(modelopt: str) -> StageResult:
@@ -211,9 +212,9 @@ def test_a_record_without_fix_parts_keeps_todays_judgement():
 
 def test_the_fix_is_skipped_with_the_reason_where_it_does_not_apply():
     cell = _cell("gpu-fix", "gpu-fix[save=tp2-etp1-ep2-pp1,save-only]")
-    reason = version_skip_reason(cell.plan, V.behaviour_for("0.48.0rc1"), "0.48.0rc1")
+    reason = version_skip_reason(cell.plan, V.rules_for("0.48.0rc1", V.installed_mcore()), "0.48.0rc1")
     assert "0.47.0 only" in reason and "0.48.0rc1 is" in reason and "megatron-core" in reason
-    assert version_skip_reason(cell.plan, V.behaviour_for("0.47.0"), "0.47.0") is None
+    assert version_skip_reason(cell.plan, V.rules_for("0.47.0", V.installed_mcore()), "0.47.0") is None
 
 
 def test_a_fix_cell_asking_only_for_part_f_runs_on_0_48_0rc1(monkeypatch):
@@ -252,9 +253,9 @@ def test_a_plugin_that_needs_te_is_a_skip_reason_on_cpu(monkeypatch):
     V.plugin_problem.cache_clear()
     try:
         cell = _cell("cpu-reshard", "cpu-reshard[save=tp1-etp1-ep2-pp1,save-only]")
-        reason = version_skip_reason(cell.plan, V.behaviour_for("0.48.0rc1"), "0.48.0rc1")
+        reason = version_skip_reason(cell.plan, V.rules_for("0.48.0rc1", V.installed_mcore()), "0.48.0rc1")
         assert "megatron quantization plugin needs" in reason and "Transformer Engine" in reason
-        assert version_skip_reason(cell.plan, V.behaviour_for("0.47.0"), "0.47.0") is None
+        assert version_skip_reason(cell.plan, V.rules_for("0.47.0", V.installed_mcore()), "0.47.0") is None
     finally:
         V.plugin_problem.cache_clear()
 

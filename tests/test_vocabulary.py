@@ -1,5 +1,5 @@
 """The harness's words have one home: outcome, expectation, stage and patch words in
-harness/records.py, tier and backend words in harness/tiers.py, scenario names in scenarios/.
+harness/outcomes.py, tier and backend words in harness/tiers.py, scenario names in scenarios/.
 Checked on the source of harness/, bench/, tools/ and conftest.py (an AST scan, nothing
 imported), like the import rules (tests/test_architecture.py).
 
@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted([*(ROOT / "harness").rglob("*.py"), *(ROOT / "bench").rglob("*.py"),
                   *(ROOT / "tools").rglob("*.py"), ROOT / "conftest.py"])
 HOMES = {
-    "outcome or expectation": ({w.value for w in (*Outcome, *Expected)}, {"harness/records.py"}),
-    "stage or patch": ({w.value for w in (*Stage, *Patch)}, {"harness/records.py"}),
+    "outcome or expectation": ({w.value for w in (*Outcome, *Expected)}, {"harness/outcomes.py"}),
+    "stage or patch": ({w.value for w in (*Stage, *Patch)}, {"harness/outcomes.py"}),
     "tier or backend": ({w.value for w in (*Tier, *Backend)}, {"harness/tiers.py"}),
 }
 # Literals that spell such a word but mean another thing: (file, word) -> what it means, or
@@ -33,7 +33,7 @@ NOT_THE_WORD = {
     ("harness/machine.py", "gpu"): "the versions record's key for the GPU's name",
     ("harness/run/repro.py", "gpu"): "the versions record's key for the GPU's name",
     ("harness/report/verdict_text.py", "gpu"): "the versions record's key for the GPU's name",
-    ("harness/report/evidence.py", "gpu"): "the versions record's key for the GPU's name",
+    ("harness/report/evidence_page.py", "gpu"): "the versions record's key for the GPU's name",
     ("bench/junit_times.py", "skipped"): "pytest's JUnit element and result word",
     # "none" in words: an empty list shown as text, or a library's own option value
     ("bench/grid.py", "none"): "no cells of any width",
@@ -60,7 +60,7 @@ NOT_THE_WORD = {
     ("harness/paths.py", "golden"): "the folder of the committed goldens (tests/golden)",
     ("tools/gpu-host/repair_logits.py", "golden"): "a field of the script's report",
     ("harness/report/matrix_table.py", "fix"): "the matrix column of the patched cells",
-    ("harness/report/verdict.py", "fix", 'FIX = "fix"'): "the verdict's role of the patched cells",
+    ("harness/report/verdict_words.py", "fix", 'FIX = "fix"'): "the verdict's role of the patched cells",
 }
 TORCH_DEVICE_CALLS = {"to", "device", "empty", "zeros", "ones", "tensor"}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.check import versions
+from harness.check.defects import RESTORE_DRY_RUN, common_pt_problem
 from harness.check.expectation import Kinds, expectation, kinds_for
 from harness.check.plan import CellPlan
 from harness.check.recipes import disagreement, forecast
@@ -65,7 +66,7 @@ def decide(plan: CellPlan, modelopt: str | None, mcore: str | None,
     behind = behind_why = None
     if word == Expected.RESTORE_DRY_RUN:
         behind, behind_why = expectation(plan, behaviour, kinds, parts, mcore, restore_defects=False)
-        why = (f"{versions.RESTORE_DRY_RUN.label} (harness/check/versions.py RESTORE_DRY_RUN): "
+        why = (f"{RESTORE_DRY_RUN.label} (harness/check/versions.py RESTORE_DRY_RUN): "
                "nondeterministic, a stage that restores may die of it (known-refusal) or pass; "
                f"where it passes the cell is judged as `{behind}`"
                + (f": {behind_why}" if behind_why else ""))
@@ -96,7 +97,7 @@ def version_skip_reason(cell: CellPlan, behaviour, modelopt: str | None,
         from harness.paths import shown_path
 
         ckpt = cell.golden_ckpt
-        problem = versions.common_pt_problem(ckpt, mcore, shown=shown_path(ckpt))
+        problem = common_pt_problem(ckpt, mcore, shown=shown_path(ckpt))
         if problem:
             return f"golden not loadable here: {problem}"
     return None

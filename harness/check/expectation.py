@@ -5,8 +5,9 @@ from __future__ import annotations
 from harness.check.layouts import Restore
 from harness.check.plan import CellPlan
 from harness.check.recipes import forecast
-from harness.check.versions import (FAMILY_SPLIT, RestoreDefect, defect_covers, installed_mcore,
-                                    model_defect, reference_reload, split_of)
+from harness.check.defects import RestoreDefect, defect_covers, model_defect
+from harness.check.kinds import FAMILY_SPLIT, reference_reload, split_of
+from harness.check.versions import installed_mcore
 from harness.model.recipes import EXPERTS
 from harness.records import ExpectMode, Expected, Patch, Stage
 from harness.tiers import Backend, on_cuda

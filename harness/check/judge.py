@@ -9,23 +9,19 @@ outcome a record holds and judge nothing themselves.
 from __future__ import annotations
 
 import copy
-import re
 
-from harness.check.decision import CellDecision, decide, version_skip_reason  # noqa: F401
-from harness.check.keys import WEIGHT_AMAX, is_expert_weight_amax
-from harness.check.logits import JUDGED_KEYS, judge_logits, logits_problems, topology_finding
-from harness.check import versions
+from harness.check.decision import CellDecision, decide
+from harness.check.defects import MODEL_DEFECTS, MTP_POSITION_EMBEDDING, RESTORE_DRY_RUN
+from harness.check.keys import is_expert_weight_amax
+from harness.check.logits import topology_finding
 from harness.check.plan import CellPlan
+from harness.check.refusals import (expert_tensors, is_amax_refusal, is_bug, is_shape_refusal,
+                                    shape_refusal_finding)
+from harness.check.verify_figures import held_after_load, judged_verify, verify_problems
 from harness.check.versions import installed_mcore
-from harness.model.recipes import EXPERTS, KIND_TENSORS, SCALAR, STATIC_BLOCK
-from harness.records import (FIX_PARTS_ENV_KEY, NAMED_AMAX_STATES, CellRecord, Expected, Outcome,
-                             Patch, Stage, StageCause, StageResult)
+from harness.records import (FIX_PARTS_ENV_KEY, CellRecord, Expected, Outcome, Stage, StageCause,
+                             StageResult)
 
-
-def rules_for(modelopt: str | None, mcore: str | None = None):
-    """The rules of the (modelopt, megatron-core) pair (harness/check/versions.py); ``mcore``
-    None: the megatron-core installed here."""
-    return versions.rules_for(modelopt, mcore or installed_mcore())
 
 
 def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: StageResult | None,
@@ -111,87 +107,10 @@ def note_decision(rec: CellRecord, d: CellDecision) -> None:
     rec.expected, rec.notice, rec.forecast_disagreement = d.expected, d.notice, d.forecast_disagreement
 
 
-# The report's failure: megatron-core's validation refuses the per-expert amax access pattern.
-BUG_EXCEPTION = "CheckpointingException"
-BUG_TEXT = "Invalid access pattern"
-
-
-# megatron-core < 0.16 with ModelOpt 0.47.0: the shared input amax of a grouped expert linear
-# collides instead (harness/check/versions.py, rule "0.47.0 + mcore 0.15").
-SHARED_EXPERT_AMAX = re.compile(r"mlp\.experts\.experts\.linear_fc\d\.input_quantizer\._amax")
-
-
-def expert_tensors(kinds: dict | None) -> tuple[str, ...]:
-    """The checkpoint tensors the routed experts' weight quantizers hold, by their recorded or
-    forecast kinds (each its own sharded tensor: a static kind's ``_global_amax`` beside its
-    block ``_amax``); unknown kinds: the scalar ``_amax``."""
-    names = {t for kind in (kinds or {}).get(EXPERTS, ()) for t in KIND_TENSORS.get(kind, ())}
-    return tuple(sorted(names)) or KIND_TENSORS[SCALAR]
-
-
-def is_bug(cause: StageCause | None, behaviour=None,
-           tensors: tuple[str, ...] = KIND_TENSORS[STATIC_BLOCK]) -> bool:
-    """The failure the pair's rule predicts: by default the report's (validation on a per-expert
-    weight-quantizer tensor of the experts' kinds, ``tensors``: by default either of a static
-    kind's, the widest); a pair that cannot save predicts
-    its exception; a pair whose shared expert amax collides predicts that key, and no other."""
-    if not cause:
-        return False
-    if behaviour is not None and behaviour.cannot_save:
-        exc, _, text = behaviour.cannot_save.partition(": ")
-        return (cause.exc_type or "").endswith(exc) and text in (cause.message or "")
-    if not ((cause.exc_type or "").endswith(BUG_EXCEPTION) and BUG_TEXT in (cause.message or "")):
-        return False
-    if behaviour is not None and behaviour.shared_rule == "expert-tp-dense-dp":
-        return bool(SHARED_EXPERT_AMAX.search(cause.key or ""))
-    key = cause.key or ""
-    return bool(WEIGHT_AMAX.search(key)) and any(key.endswith(f"weight_quantizer.{t}") for t in tensors)
-
-
-def is_amax_refusal(cause: StageCause | None) -> bool:
-    """An unpatched golden load refused by megatron-core on a quantizer amax (its validation, or a
-    missing key): what "not-restored" predicts. Any other exception (a format the installed
-    megatron-core cannot read, a harness error) is not the bug."""
-    return bool(cause and (cause.exc_type or "").endswith(REFUSALS)
-                and "_amax" in f"{cause.key or ''} {cause.message or ''}")
-
-
-# megatron-core's validation, and torch DCP's missing-key refusal of the load plan
-REFUSALS = (BUG_EXCEPTION, "CheckpointException")
-
-# A static per-block amax saved at one expert TP, loaded at another: megatron-core's load planner
-# refuses its global shape (dist_checkpointing/strategies/torch.py _validate_global_shapes,
-# raised inside torch DCP's CheckpointException on rank 0). Not the collision.
-SHAPE_REFUSAL_TEXT = "Global shape mismatch"
-SHAPE_REFUSAL_FINDING = ("static per-block weight-quantizer amax at another expert TP: megatron-core "
-                         "refuses its global shape (docs/findings.md, 'Static NVFP4 amax at "
-                         "another expert TP'); not the collision")
-# The same refusal of an integer recipe's amax (per-channel experts at another expert TP,
-# per-block dense linears at another TP: harness/check/versions.py _PER_CHANNEL_RESHARD,
-# dense_per_block_rule); the jobs' recipes never make these kinds.
-INTEGER_SHAPE_REFUSAL_FINDING = ("integer (per-channel or per-block) weight-quantizer amax at "
-                                 "another TP or expert TP: megatron-core refuses its global shape "
-                                 "(docs/findings.md, 'Integer amax at another TP'); not the "
-                                 "collision")
-
-
-def shape_refusal_finding(rec: CellRecord) -> str:
-    """The finding of a ``reshard-refused`` cell, by the kinds its save recorded."""
-    kinds = {k for names in (rec.amax_kinds or {}).values() for k in names}
-    return SHAPE_REFUSAL_FINDING if STATIC_BLOCK in kinds or not kinds else INTEGER_SHAPE_REFUSAL_FINDING
-
-
-def is_shape_refusal(cause: StageCause | None) -> bool:
-    """The refusal ``Expected.RESHARD_REFUSED`` predicts, on a weight-quantizer amax."""
-    text = (cause.message or "") if cause else ""
-    return bool(cause and (cause.exc_type or "").endswith(REFUSALS) and SHAPE_REFUSAL_TEXT in text
-                and "weight_quantizer._amax" in text)
-
-
 def model_defect_seen(cause: StageCause | None, topology, cell: CellPlan):
     """The model defect (harness/check/versions.py MODEL_DEFECTS) a stage at ``topology`` met,
     by megatron-core's own words on its key, where the cell's model reaches it; else None."""
-    for defect in versions.MODEL_DEFECTS:
+    for defect in MODEL_DEFECTS:
         if not defect.reached(cell.mtp_num_layers, cell.position_embedding, topology):
             continue
         if (cause and (cause.exc_type or "").endswith(defect.exception)
@@ -222,7 +141,7 @@ def known_restore_refusal(rec: CellRecord, stage: StageResult, blocked_by: str |
     harness/check/versions.py RESTORE_DRY_RUN, by its own words in the first failure's message):
     ``known-refusal`` with the defect's finding (and, for a load cell, that its save died of it,
     in the reference reload that restores ModelOpt's state)."""
-    defect = versions.RESTORE_DRY_RUN
+    defect = RESTORE_DRY_RUN
     if (rec.expected != Expected.RESTORE_DRY_RUN or stage.ok or stage.timed_out
             or stage.stage not in (Stage.SAVE, Stage.LOAD)
             or not (stage.cause and defect.seen(stage.cause.message))):
@@ -243,7 +162,7 @@ def judged_behind_restore_defect(rec: CellRecord, d: CellDecision) -> None:
         return
     rec.expected = d.behind
     rec.notice = ((f"{d.behind_notice}; " if d.behind_notice else "")
-                  + f"{Expected.RESTORE_DRY_RUN} was expected first ({versions.RESTORE_DRY_RUN.label}, "
+                  + f"{Expected.RESTORE_DRY_RUN} was expected first ({RESTORE_DRY_RUN.label}, "
                   "harness/check/versions.py RESTORE_DRY_RUN) and did not fire: it is "
                   f"nondeterministic, so the cell is judged as `{d.behind}`")
 
@@ -255,7 +174,7 @@ def model_defect_gone(rec: CellRecord, stage: str, topology) -> None:
     if why is None:
         rec.outcome = Outcome.UNEXPECTED_PASS
         rec.reason = (f"expected megatron-core to refuse the model at {topology.id} ({rec.expected}: "
-                      f"{versions.MTP_POSITION_EMBEDDING.label}), but the {stage} passed: the "
+                      f"{MTP_POSITION_EMBEDDING.label}), but the {stage} passed: the "
                       "defect is gone in this megatron-core")
         return
     rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, stage
@@ -402,34 +321,6 @@ def blocked(rec: CellRecord, save: StageResult, save_id: str) -> None:
         fill_failure(rec, save)
 
 
-def judged_verify(verify: dict, tier: str) -> dict:
-    """The rank's measurements with the logits criterion applied (when logits were measured);
-    figures an earlier criterion judged into a recorded verify dict are dropped first."""
-    measured = {k: v for k, v in verify.items() if k not in JUDGED_KEYS}
-    if "logits_plain" not in measured and "logits_at_load_topology" not in measured:
-        return measured
-    return {**measured, **judge_logits(measured, tier)}
-
-
-def verify_problems(verify: dict, known_gaps) -> list[str]:
-    problems = []
-    if verify.get("mismatch_count"):
-        first = verify["mismatches"][0]
-        problems.append(f"{verify['mismatch_count']} tensor(s) differ, first {first['key']}")
-    st = verify.get("expert_amax_state") or {}
-    problems += [f"{st[s]} expert amax {s} after load, first {st['examples'][s][0]}"
-                 for s in NAMED_AMAX_STATES if st.get(s) and st.get("examples", {}).get(s)]
-    missing = [k for k in verify.get("missing_keys", [])
-               if not any(g.matches(k) for g in known_gaps)]
-    if missing:
-        problems.append(f"{len(missing)} saved key(s) absent after load, first {missing[0]}")
-    if verify.get("unexpected_keys"):
-        problems.append(f"keys not in the saved model: {verify['unexpected_keys'][0]}")
-    if verify.get("logits_ok") is False:
-        problems += logits_problems(verify)
-    return problems
-
-
 def _load(rec: CellRecord, stage: StageResult, cell: CellPlan, d: CellDecision) -> None:
     """A load stage against the cell's expectation."""
     known_gaps = cell.known_gaps
@@ -490,22 +381,6 @@ def _amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
     else:
         rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, Stage.VERIFY
         rec.message = "; ".join(problems)
-
-
-def held_after_load(verify: dict) -> str:
-    """One line: what the loaded model holds for the saved per-expert amax, and its effect."""
-    from harness.records import AMAX_STATES
-
-    st = verify.get("expert_amax_state") or {}
-    if not st.get("saved"):
-        return "no per-expert amax in the checkpoint"
-    parts = [f"{st[k]} {k}" for k in reversed(AMAX_STATES) if st.get(k)]
-    text = f"expert amax after load: {', '.join(parts)} (of {st['saved']} saved)"
-    eff = verify.get("logits_effect")
-    if eff:
-        text += (f"; NVFP4 logits vs the checkpoint's amax: {eff['nonfinite_loaded']} of "
-                 f"{eff['logits']} non-finite, rel max-abs {eff['nvfp4_rel_max_abs']}")
-    return text
 
 
 def bug_gone_message(rec: CellRecord) -> str:

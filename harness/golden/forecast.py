@@ -27,11 +27,13 @@ import dataclasses
 from dataclasses import asdict, dataclass
 
 from harness.check import versions
+from harness.check.defects import COMMON_PT, common_pt_problem
+from moe_ckpt_fix.releases import READ_MCORE, REFERENCE_MCORE
 from harness.check.layouts import CkptLayout, GoldenLayout, golden_layout_of
 
 # megatron-core releases every golden rule was measured with on a GPU (docs/runs/*golden*,
 # *matrix*); the other pairs' golden rules are read from the sources (versions.py).
-MEASURED_MEGATRON_CORE = ("0.19.2",)
+MEASURED_MEGATRON_CORE = (REFERENCE_MCORE,)
 LOADS_COMPLETE, LOADS_ABSENT, REFUSED = "loads-complete", "loads-amax-absent", "refused"
 DEPENDS, NOT_MOE = "depends-on-load-topology", "n/a"
 
@@ -60,7 +62,7 @@ def expert_amax_count(lay) -> int:
 
 def pairs():
     """[(rule label, megatron-core, Behaviour)] for every pair versions.py has a rule for."""
-    return [(b.label.split(" + ")[0], mc, b) for b in versions.KNOWN for mc in versions.READ_MCORE
+    return [(b.label.split(" + ")[0], mc, b) for b in versions.KNOWN for mc in READ_MCORE
             if b.covers_mcore(mc)]  # the modelopt part of the label: the pair names mc itself
 
 
@@ -93,7 +95,7 @@ def forecast_one(lay, label: str, megatron_core: str, behaviour) -> Forecast:
 def unreadable(lay, megatron_core: str) -> bool:
     """The checkpoint on disk has no common.pt and this megatron-core needs one (versions.py
     NEEDS_COMMON_PT); a layout not read from disk (``has_common_pt`` None) is never."""
-    return lay.has_common_pt is False and versions.common_pt_problem(lay.path, megatron_core) is not None
+    return lay.has_common_pt is False and common_pt_problem(lay.path, megatron_core) is not None
 
 
 def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
@@ -107,7 +109,7 @@ def _outcome(lay, label: str, megatron_core: str, behaviour) -> Forecast:
     # the request is built before any file is read: a TypeError above comes first
     if unreadable(lay, megatron_core):
         return Forecast(label, megatron_core, REFUSED, total,
-                        f"refused: no {versions.COMMON_PT} (megatron-core {megatron_core} reads "
+                        f"refused: no {COMMON_PT} (megatron-core {megatron_core} reads "
                         "only checkpoints written by megatron-core <= 0.16; this one was written "
                         "by a newer one)")
     if (behaviour.layout == versions.PER_EXPERT and key != GoldenLayout.SHARED
@@ -184,7 +186,7 @@ def advice(modelopt_version: str | None, golden_root=None) -> list[str]:
     root = golden_root or GOLDEN_DIR
     rules = [r for r in pairs() if r[2].covers_modelopt(modelopt_version)]
     if not rules:
-        b = versions.behaviour_for(modelopt_version)
+        b = versions.rules_for(modelopt_version, versions.installed_mcore())
         rules = [(b.label, versions.installed_mcore() or MEASURED_MEGATRON_CORE[0], b)]
     lines = [f"    existing checkpoints under modelopt {modelopt_version} (every job; `python -m "
              "harness inspect CKPT` says which kind yours is):"]

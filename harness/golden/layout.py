@@ -144,7 +144,7 @@ def inspect_checkpoint(path: Path | str) -> Layout:
     """Read a checkpoint's metadata (no tensor data, no process group) and classify it."""
     from dataclasses import replace
 
-    from harness.check.versions import COMMON_PT
+    from harness.check.defects import COMMON_PT
 
     backend, tensors = read_metadata(path)
     lay = classify(tensors, path=str(path), backend=backend)

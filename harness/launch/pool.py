@@ -165,10 +165,7 @@ class RankPool:
         """Kill the pool's session, then any process that still has this pool in its
         environment (a rank torchrun left behind, a rank's Manager child)."""
         self.dead = True
-        left = end_session(self.proc, grace_s=0.0) if self.proc is not None else []
-        strays = pool_processes(self.dir)
-        kill_and_wait(strays)
-        return sorted({*left, *(p.pid for p in strays)})
+        return kill_session(self.proc, self.dir)
 
     def close(self) -> list[int]:
         """Ask the ranks to leave (a ``stop`` job), kill whatever is left after STOP_WAIT_S."""
@@ -316,6 +313,16 @@ def processes_where(env_matches, *, zombies: bool = False) -> list[psutil.Proces
         except psutil.Error:
             continue
     return out
+
+
+def kill_session(proc, directory: Path) -> list[int]:
+    """Kill ``proc``'s session, then every process that still carries ``directory`` in its
+    environment (a rank torchrun left behind, an agent, a Manager child): the one way a pool or
+    a warm parent (launch/warm.py) is killed. Returns the pids it killed."""
+    left = end_session(proc, grace_s=0.0) if proc is not None else []
+    strays = pool_processes(directory)
+    kill_and_wait(strays)
+    return sorted({*left, *(p.pid for p in strays)})
 
 
 def pool_processes(pool_dir: Path) -> list[psutil.Process]:

@@ -35,7 +35,7 @@ import psutil
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.command import make_stage_dirs, new_stage_token, stage_env
 from harness.launch.nodes import rendezvous_port
-from harness.launch.pool import STOP_WAIT_S, PoolKey, pool_processes, stage_mode
+from harness.launch.pool import STOP_WAIT_S, PoolKey, kill_session, pool_processes, stage_mode
 from harness.launch.signals import shutdown_signal
 from harness.launch.teardown import POLL_S, end_session, kill_and_wait
 from harness.launch.torchrun import StageRun, not_started, run_stage, supervise
@@ -188,10 +188,7 @@ class WarmParent:
 
     def kill(self) -> list[int]:
         """Kill the parent, then every process that carries its directory (agents, ranks)."""
-        left = end_session(self.proc, grace_s=0.0) if self.proc is not None else []
-        strays = pool_processes(self.dir)
-        kill_and_wait(strays)
-        return sorted({*left, *(p.pid for p in strays)})
+        return kill_session(self.proc, self.dir)
 
     def close(self) -> list[int]:
         """Ask the parent to stop (it kills any agent still running), kill what is left."""

@@ -29,7 +29,7 @@ def _measures_logits(spec: StageSpec) -> bool:
     """At pp > 1 the forward goes through megatron-core's pipeline schedule, which allocates its
     receive buffers on CUDA: no logits at pp > 1 on the cpu tier. Tier gpu-shared sends the
     activations through host memory (harness/model/host_p2p.py), tier gpu through NCCL."""
-    from harness.check.versions import measures_logits
+    from harness.check.kinds import measures_logits
 
     return measures_logits(spec.topo.pp, on_cuda(spec.tier))
 
@@ -124,15 +124,15 @@ def _reload_keeps_state(spec: StageSpec, kinds: dict) -> bool:
     logits; nor has one whose routed experts' kinds (``kinds``: what the calibration made)
     have no rule. The rule is harness/check/versions.py reload_keeps_state, which the expectation
     reads too (a reload restores ModelOpt's state: versions.RESTORE_DRY_RUN)."""
-    from harness.check.versions import reload_keeps_state
+    from harness.check.kinds import reload_keeps_state
 
     def expert_rules() -> list:
         import modelopt
 
-        from harness.check.versions import behaviour_for
+        from harness.check.versions import installed_mcore, rules_for
         from harness.model.recipes import EXPERTS
 
-        behaviour = behaviour_for(modelopt.__version__)
+        behaviour = rules_for(modelopt.__version__, installed_mcore())
         return [behaviour.kind_rule(kind, EXPERTS) for kind in kinds.get(EXPERTS, ())]
 
     return reload_keeps_state(spec.patch == Patch.FIX, spec.backend == Backend.LOCAL, expert_rules)
@@ -145,7 +145,8 @@ class CheckpointFormatError(RuntimeError):
 def readable(ckpt: Path) -> None:
     """One clear line instead of megatron-core <= 0.16's AttributeError from its own error path
     when the checkpoint has no common.pt (harness/check/versions.py NEEDS_COMMON_PT)."""
-    from harness.check.versions import common_pt_problem, installed_mcore
+    from harness.check.defects import common_pt_problem
+    from harness.check.versions import installed_mcore
 
     problem = common_pt_problem(ckpt, installed_mcore())
     if problem:

@@ -19,39 +19,12 @@ from harness.fix import BUILT_WHEEL, JOB_CHANGE
 from harness.records import RunResults
 from harness.report import verdict as vd
 from harness.report.records_index import Pair
+from harness.report.exits import (EXIT_BLOCKED, EXIT_CODES, EXIT_PASS, EXIT_UNDECIDED,  # noqa: F401
+                                  EXIT_UNEXPECTED, EXIT_USAGE, exit_code)
 from harness.report.verdict_text import format_verdicts
-
-EXIT_PASS = 0  # SAFE, or SAFE WITH PATCH with --patched: the job may leave quarantine
-EXIT_UNEXPECTED = 1  # UNEXPECTED FAILURE (the verdict's own non-zero code)
-EXIT_USAGE = 2  # unknown job, bad or mixed results files, a version that is no version
-EXIT_BLOCKED = 3  # BLOCKED, or SAFE WITH PATCH for a pipeline that does not apply the patch
-EXIT_UNDECIDED = 4  # INCOMPLETE, NO EVIDENCE, RULE UNKNOWN, NOT QUANTIZABLE, no record of the pair: stay quarantined
-
-# What each exit code means, as `verdict --help` and the README print it.
-EXIT_CODES = (
-    (EXIT_PASS, "SAFE, or SAFE WITH PATCH with --patched: the job may leave quarantine; the gate "
-                "prints what to change in its pipeline"),
-    (EXIT_UNEXPECTED, "UNEXPECTED FAILURE"),
-    (EXIT_USAGE, "usage: unknown job, --modelopt without --gate, a version that is not one, a bad "
-                 "results file, results of two pairs"),
-    (EXIT_BLOCKED, "BLOCKED, or SAFE WITH PATCH without --patched"),
-    (EXIT_UNDECIDED, "nothing decides: INCOMPLETE, NO EVIDENCE, RULE UNKNOWN, or no committed "
-                     "record of the pair (an unknown version); it says what would"),
-)
-
 
 class GateUsage(ValueError):
     """The gate was asked something it cannot answer; the message is one line."""
-
-
-def exit_code(word: str, patched: bool) -> int:
-    if word == vd.SAFE or (word == vd.SAFE_WITH_PATCH and patched):
-        return EXIT_PASS
-    if word == vd.UNEXPECTED:
-        return EXIT_UNEXPECTED
-    if word in (vd.BLOCKED, vd.SAFE_WITH_PATCH):
-        return EXIT_BLOCKED
-    return EXIT_UNDECIDED
 
 
 def job_of(job_id: str) -> vd.Job:
@@ -253,7 +226,7 @@ def parse_pair(modelopt: str, mcore: str | None) -> Pair:
     """``--modelopt V [--mcore V]`` as a pair; GateUsage for a version that is not one."""
     from packaging.version import InvalidVersion, Version
 
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import REFERENCE_MCORE
 
     mcore = mcore or REFERENCE_MCORE
     for flag, v in (("--modelopt", modelopt), ("--mcore", mcore)):

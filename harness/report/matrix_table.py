@@ -95,7 +95,7 @@ def cells_from_results(doc: dict) -> dict[str, TableEntry]:
 
 def _held(record: CellRecord) -> str:
     """One line: the load's refusal (exception, key) or what the model holds after it."""
-    from harness.check.judge import held_after_load
+    from harness.check.verify_figures import held_after_load
     from harness.check.keys import failing_key
 
     if record.verify:

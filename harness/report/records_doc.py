@@ -78,7 +78,7 @@ def table(cls: type) -> str:
 
 def wanted() -> dict[Path, str]:
     """Every file generated from the record types -> the text it must hold."""
-    from harness.report.evidence import with_blocks
+    from harness.report.blocks import with_blocks
 
     out = {path: json.dumps(json_schema(tp, title), indent=1) + "\n"
            for path, (tp, title) in SCHEMAS.items()}

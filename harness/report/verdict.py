@@ -27,12 +27,11 @@ harness/report/gate.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.check.judge import SHAPE_REFUSAL_FINDING
+from harness.check.refusals import SHAPE_REFUSAL_FINDING
 from harness.check.results_file import read_results
 from harness.report.summary import cause
 from harness.report.jobs import (QUARANTINE, Job, Quarantine, by_kinds, file_recipe_kinds,  # noqa: F401
@@ -41,52 +40,11 @@ from harness.records import CellRecord, Outcome, RunResults, Stage
 from harness.scenario.cells import Cell, Scenario
 from harness.machine import skip_kind
 from harness.scenario.scenarios import load_all
-
-SAFE, SAFE_WITH_PATCH, BLOCKED = "SAFE", "SAFE WITH PATCH", "BLOCKED"
-INCOMPLETE, NO_EVIDENCE, UNEXPECTED = "INCOMPLETE", "NO EVIDENCE", "UNEXPECTED FAILURE"
-NO_RULE = "RULE UNKNOWN"  # the (modelopt, megatron-core) pair has no rule: nothing to judge by
-# ModelOpt refuses to quantize the model with the job's recipe: nothing about checkpoints to judge
-NOT_QUANTIZABLE = "NOT QUANTIZABLE"
-UNDECIDED = (INCOMPLETE, NO_EVIDENCE)  # summarised once per job, not once per results file
-MISSING = "missing"  # an evidence cell no results file holds
-NOT_RUN = (MISSING, Outcome.SKIPPED, Outcome.INTERRUPTED)  # evidence that says nothing
-
-
-class Role(StrEnum):
-    """What an evidence cell stands for in a job's verdict."""
-
-    WITNESS = "witness"  # the unpatched scenario: does the bug still reproduce at the shapes?
-    FIX = "fix"  # the patched scenario: does harness.fix make the shapes pass?
-
-
-@dataclass
-class Evidence:
-    cell_id: str
-    role: Role
-    outcome: str  # a results.json outcome, or MISSING
-    note: str = ""
-
-
-@dataclass
-class Verdict:
-    job: Job
-    word: str
-    detail: str
-    tier: str
-    evidence: list[Evidence] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)  # loads the rule refuses (known-refusal)
-    # RULE UNKNOWN from the job's own recipe file: the amax kind no rule covers, in one line
-    kind_without_rule: str | None = None
-
-    @property
-    def unexpected(self) -> bool:
-        return self.word == UNEXPECTED
-
-    @property
-    def ran(self) -> list[str]:
-        """Evidence cells that ran (not missing, skipped or interrupted)."""
-        return [e.cell_id for e in self.evidence if e.outcome not in NOT_RUN]
-
+# The verdict's words (harness/report/verdict_words.py), read by the reports as vd.<NAME>.
+from harness.report.verdict_words import (BLOCKED, INCOMPLETE, MISSING, NO_EVIDENCE,  # noqa: F401
+                                          NO_RULE, NOT_QUANTIZABLE, NOT_RUN, SAFE,
+                                          SAFE_WITH_PATCH, UNDECIDED, UNEXPECTED, Evidence, Role,
+                                          Verdict)
 
 Record = CellRecord | Mapping[str, Any]  # a results.json cell, read by CellRecord.of
 
@@ -96,15 +54,15 @@ def with_pair(rec: Record) -> CellRecord:
     predates per-cell versions (2026-12-02): every such run had the then-pinned pair, 0.47.0 +
     0.19.2 (their results.json "versions" say so); one without megatron-core predates pairs
     (all on 0.19.2). A record that names an unknown version stays unknown."""
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import LAST_BUGGY, REFERENCE_MCORE
 
     rec = CellRecord.of(rec)
-    return replace(rec, modelopt=rec.modelopt or "0.47.0", mcore=rec.mcore or REFERENCE_MCORE)
+    return replace(rec, modelopt=rec.modelopt or LAST_BUGGY, mcore=rec.mcore or REFERENCE_MCORE)
 
 
 def pair_of(rec: Record) -> str:
     """``0.47.0 + mcore 0.19.2``: the pair a verdict line holds for."""
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import REFERENCE_MCORE
 
     rec = CellRecord.of(rec)
     return f"{rec.modelopt} + mcore {rec.mcore or REFERENCE_MCORE}"
@@ -372,7 +330,7 @@ def run_modelopt(run: RunResults) -> str:
 
 def _mcore(run: RunResults) -> str:
     """The run's megatron-core; runs before pairs were recorded all used the reference."""
-    from harness.check.versions import REFERENCE_MCORE
+    from moe_ckpt_fix.releases import REFERENCE_MCORE
 
     return str(run.version("megatron-core") or REFERENCE_MCORE)
 

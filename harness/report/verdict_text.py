@@ -25,7 +25,7 @@ COMMITTED_EVIDENCE = ("the committed evidence, judged: docs/evidence.md, or pyth
 def existing_checkpoints(records: Mapping[str, Record], goldens: str) -> list[str]:
     """What unpatched loads of the committed goldens (scenario ``goldens``) gave: the
     checkpoints users already have."""
-    from harness.check.judge import held_after_load
+    from harness.check.verify_figures import held_after_load
 
     lines = []
     for cid, rec in sorted(records.items()):
@@ -156,11 +156,11 @@ def main(docs: list[tuple[str, Mapping[str, Any]]], job: str | None = None) -> i
     """Print the verdicts of ``docs`` (label, results.json). Exit 1 when any job is UNEXPECTED,
     else the gate's code for "nothing decides" (4) when no job gets a verdict that decides
     (SAFE, SAFE WITH PATCH, BLOCKED), else 0."""
-    from harness.report import gate
+    from harness.report import exits
 
     text, verdicts = verdict_report(docs, job)
     print(text)
     if any(v.unexpected for v in verdicts):
-        return gate.EXIT_UNEXPECTED
-    decides = [v for v in verdicts if gate.exit_code(v.word, patched=True) != gate.EXIT_UNDECIDED]
-    return 0 if decides else gate.EXIT_UNDECIDED
+        return exits.EXIT_UNEXPECTED
+    decides = [v for v in verdicts if exits.exit_code(v.word, patched=True) != exits.EXIT_UNDECIDED]
+    return 0 if decides else exits.EXIT_UNDECIDED

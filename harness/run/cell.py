@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.check import judge
-from harness.check.versions import installed_modelopt
+from harness.check.decision import CellDecision, decide
+from harness.check.versions import installed_mcore, installed_modelopt, rules_for
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.pool import POOLS, PoolKey, stage_mode
 from harness.launch.warm import run_module_stage
@@ -112,7 +113,7 @@ def prepare_golden(name: str, save: SaveDir | Path, golden_root: Path = GOLDEN_D
 
 def _runtime_layout() -> str:
     """The quantizer layout of the modelopt the load ranks import (this interpreter's)."""
-    return judge.rules_for(installed_modelopt()).layout  # the installed pair's
+    return rules_for(installed_modelopt(), installed_mcore()).layout  # the installed pair's
 
 
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell, run: RunDir) -> StageResult:
@@ -139,7 +140,7 @@ def fix_env(parts: tuple[str, ...]) -> dict:
     (MOE_CKPT_FIX_UNPROVEN; a version the controller's names is kept, and the installed version
     is added where the fix has only unproven parts for it): what the forecast assumed, and the
     pool key then never mixes stages with and without them. A proven part needs no asking."""
-    from harness.check.versions import installed_modelopt
+    from harness.check.versions import installed_modelopt  # read when called (tests patch it)
     from harness.fix import PARTS, UNPROVEN_MODELOPT_VERSIONS, UNPROVEN_VAR, asked_words
 
     kept = [w for w in asked_words() if w not in PARTS]
@@ -162,7 +163,7 @@ def _tier_env(tier: str, shared_gpu_nccl: bool = False) -> dict:
     return env
 
 
-def new_record(cell: Cell, decision: judge.CellDecision | None = None) -> CellRecord:
+def new_record(cell: Cell, decision: CellDecision | None = None) -> CellRecord:
     """The cell's record before its stages run, with the controller's decision (worked out here
     when not given)."""
     s = cell.scenario
@@ -181,10 +182,10 @@ def new_record(cell: Cell, decision: judge.CellDecision | None = None) -> CellRe
     return rec
 
 
-def controller_decision(cell: Cell) -> judge.CellDecision:
+def controller_decision(cell: Cell) -> CellDecision:
     """The cell's decision under the pair installed here, from the recipe's forecast: what it
     is expected to do before any stage runs, and whether it runs at all."""
-    return judge.decide(cell.plan, installed_modelopt(), None)
+    return decide(cell.plan, installed_modelopt(), None)
 
 
 def run_cell(cell: Cell, run_dir: RunDir | Path) -> CellRecord:

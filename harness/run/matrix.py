@@ -37,6 +37,7 @@ from harness.report.matrix_table import (COLUMNS, TableEntry, cells_from_results
                                          goldens_table, render_pair_table, render_table)
 from harness.scenario import selections
 from harness.tiers import Tier
+from moe_ckpt_fix.releases import REFERENCE_MCORE
 
 # Which cells run: scenarios/selections.toml.
 MATRIX_CELLS = selections.listed("matrix", "cells")
@@ -63,7 +64,7 @@ TERM_GRACE_S = 30  # after SIGTERM, before SIGKILL of the whole session
 
 def versions_from(args) -> list[str]:
     """``--modelopt`` values in order, duplicates dropped; the defaults when none given."""
-    from harness.check.versions import DEFAULT_MATRIX
+    from moe_ckpt_fix.releases import DEFAULT_MATRIX
 
     vs = list(dict.fromkeys(getattr(args, "modelopt", None) or DEFAULT_MATRIX))
     for v in vs:
@@ -78,8 +79,8 @@ def versions_from(args) -> list[str]:
 def mcores_from(args) -> list[str]:
     """``--mcore`` values in order, a series (0.15.x) resolved to its newest tested patch;
     ValueError (one line) for a value that is not a release or a tested series."""
-    from harness.check.versions import DEFAULT_MCORE_MATRIX
-    from harness.machine import SUPPORTED_MCORE
+    from moe_ckpt_fix.releases import DEFAULT_MCORE_MATRIX
+    from moe_ckpt_fix.releases import SUPPORTED_MCORE
 
     out = []
     for v in getattr(args, "mcore", None) or DEFAULT_MCORE_MATRIX:
@@ -142,8 +143,6 @@ def imported(probe_line: str) -> TableEntry:
 def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str, TableEntry], list[dict]]:
     """Environment, import probe, scenario run and oracle probe for one (ModelOpt, megatron-core)
     pair; returns the table cells and the run's cell records (each naming both versions)."""
-    from harness.check.versions import REFERENCE_MCORE
-
     logs = root / (_env_name(v) + (f"-mc{mcore}" if mcore else ""))
     # the reference megatron-core is the base environment's own: no layer for it
     mc_env = {"MATRIX_MCORE": mcore if mcore and mcore != REFERENCE_MCORE else ""}
@@ -249,7 +248,7 @@ def main(args) -> int:
     for label in done:  # rows read back from files name their pair in their label
         m = re.fullmatch(r"modelopt (\S+) \+ mcore (\S+)", label)
         if label not in pairs:  # rows of runs before pairs: the reference megatron-core
-            pairs[label] = (m[1], m[2]) if m else (label, "0.19.2")
+            pairs[label] = (m[1], m[2]) if m else (label, REFERENCE_MCORE)
     rows = {v: cells for v, (cells, _) in done.items()}
     table = render_pair_table(rows, pairs) + "\n\n" + render_table(rows)
     goldens = goldens_table({v: recs for v, (_, recs) in done.items()})

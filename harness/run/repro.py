@@ -18,6 +18,7 @@ from harness.run.results import collect, exit_code
 from harness.scenario import selections
 from harness.machine import tier_skip_reason, versions
 from harness.tiers import Tier
+from moe_ckpt_fix.releases import LAST_BUGGY
 from harness.topology.topology import Topology
 
 VALIDATION_SHOWCASE = ["tp2-etp1-ep2", "tp1-etp2-ep1", "tp2-etp1-ep1", "tp1-etp1-ep2"]
@@ -69,7 +70,7 @@ def _show_real_validation(run: RunDir) -> bool | None:
     write_probes(records, run)
     for r in records:
         first = r.rule == ProbeRule.BUGGY
-        print(f"   {r.topology if first else '':18} {'0.47.0' if first else 'fixed ':6}: "
+        print(f"   {r.topology if first else '':18} {LAST_BUGGY if first else 'fixed ':6}: "
               f"{r.outcome}: {probe_cause(r)}")
     agree = not any(r.outcome in UNEXPECTED_OUTCOMES for r in records)
     print(f"   oracle agrees with the real validation on all {len(topos)} topologies: {agree}")
@@ -184,7 +185,8 @@ def repro(results_root: Path, gpu: str = "auto") -> int:
 def _what_it_means(doc: dict, results_root: Path, on_gpu: bool) -> None:
     """The run's picture and report written, then what the evidence says and what to do next."""
     from harness.fix import JOB_CHANGE
-    from harness.report.summary import witness_lines, witnesses, write_report
+    from harness.report.picture import write_report
+    from harness.report.summary import witness_lines, witnesses
 
     run = RunDir(results_root / doc["run_id"])
     try:

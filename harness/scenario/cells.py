@@ -106,9 +106,9 @@ class Cell:
     @property
     def expected(self) -> str:
         """The expectation under the nvidia-modelopt installed here (see ``expected_under``)."""
-        from harness.check.versions import behaviour_for, installed_modelopt
+        from harness.check.versions import installed_mcore, installed_modelopt, rules_for
 
-        return self.expected_under(behaviour_for(installed_modelopt()))
+        return self.expected_under(rules_for(installed_modelopt(), installed_mcore()))
 
     def expected_under(self, behaviour) -> str:
         """The expectation rule (harness/check/expectation.py) on this cell's plan."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness.check.recipes import STATIC_BLOCK, recipe_facts
-from harness.check.versions import behaviour_for, installed_modelopt
+from harness.check.versions import installed_mcore, installed_modelopt, rules_for
 from harness.model import modules
 from harness.model.gpt import ModelSize, default_size
 from harness.model.quant import topology_problems
@@ -171,7 +171,7 @@ def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]],
     if facts and facts.expert_kind == STATIC_BLOCK and not on_cuda(tier):
         return [f"recipe: {recipe.label} calibrates static NVFP4 experts, whose fake quantization "
                 f"runs on CUDA only: tiers gpu-shared and gpu, not {tier}"]
-    kind = behaviour_for(installed_modelopt()).kind_rule(facts.expert_kind, EXPERTS, fix_parts) if facts else None
+    kind = rules_for(installed_modelopt(), installed_mcore()).kind_rule(facts.expert_kind, EXPERTS, fix_parts) if facts else None
     refusal = kind.save_refused_split if kind else None
     return [f"{key}: {t.id}: recipe {recipe.label} calibrates static NVFP4 experts, which "
             f"nvidia-modelopt refuses at expert TP > 1 ({refusal}); save at etp1"
