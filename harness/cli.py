@@ -13,7 +13,7 @@ from pathlib import Path
 from harness import commands
 from harness.paths import RESULTS_DIR, unwritable_dir
 from harness.records import PATCHES, Patch
-from harness.switches import SwitchError
+from harness.switches import SwitchError, check_numbers
 from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 
@@ -328,8 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {idle}", file=sys.stderr)
         return 2
     try:
+        check_numbers()  # every numeric variable, before any command reads one
         return _checked_run(args)
-    except SwitchError as exc:  # a yes/no variable set to another word (harness/switches.py)
+    except SwitchError as exc:  # a yes/no or numeric variable set to another value (switches.py)
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -342,6 +343,10 @@ def writes_runs(args) -> bool:
 
 def _checked_run(args) -> int:
     """The checks every command that runs stages makes first, then the command."""
+    if not args.results_root.strip():  # Path("") is the current directory: a run in the checkout
+        print("error: --results-root is empty (make: RESULTS=); name a directory, e.g. results",
+              file=sys.stderr)
+        return 2
     if writes_runs(args):
         why = unwritable_dir(Path(args.results_root))
         if why:
