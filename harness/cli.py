@@ -329,6 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_numbers()  # every numeric variable, before any command reads one
+        from harness.rank.trim import problem as trim_problem
+
+        if trim_problem():
+            print(f"error: {trim_problem()}", file=sys.stderr)
+            return 2
         return _checked_run(args)
     except SwitchError as exc:  # a yes/no or numeric variable set to another value (switches.py)
         print(f"error: {exc}", file=sys.stderr)
@@ -351,6 +356,11 @@ def _checked_run(args) -> int:
         why = unwritable_dir(Path(args.results_root))
         if why:
             print(f"error: --results-root {args.results_root}: {why}", file=sys.stderr)
+            return 2
+        from harness.scenario.scenarios import name_clashes
+
+        for line in name_clashes()[:1]:  # which grid a name picks must not depend on file order
+            print(f"error: {line}", file=sys.stderr)
             return 2
     if args.cmd in ("run", "repro", "dump-metadata", "verdict"):
         from harness.machine import version_problem
