@@ -34,8 +34,9 @@ _STOPPED = ("128+N", "stopped by signal N (130 Ctrl-C, 143 SIGTERM): the cells s
                      "results.json marked incomplete")
 _CELLS = [("0", "every cell ran as expected (or was skipped, with its reason)"),
           ("1", "a cell unexpected: unexpected-failure or unexpected-pass"),
-          ("2", "usage: a bad or unknown scenario, no cell matches, an unusable --results-root, a "
-                "bad variable, an untested megatron-core"), _STOPPED]
+          ("2", "usage: a bad or unknown scenario, no cell matches, no cell can run here (each "
+                "would be skipped), an unusable --results-root, a bad variable, an untested "
+                "megatron-core"), _STOPPED]
 # Each command's exit codes, shown as its --help epilog.
 EXIT_CODES = {
     "map": [("0", "the map printed"), _USAGE],

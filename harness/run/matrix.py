@@ -61,6 +61,17 @@ TIMEOUTS = {"env": 900, "import": 300, "oracle": 600}  # the run's: MATRIX_RUN_T
 TERM_GRACE_S = 30  # after SIGTERM, before SIGKILL of the whole session
 
 
+def _is_release(v: str) -> bool:
+    """Whether ``v`` is a version pip could install (PEP 440: 0.47.0, 0.48.0rc1)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(v)
+    except InvalidVersion:
+        return False
+    return True
+
+
 def versions_from(args) -> list[str]:
     """``--modelopt`` values in order, duplicates dropped; the defaults when none given."""
     from harness.check.versions import DEFAULT_MATRIX
@@ -70,8 +81,10 @@ def versions_from(args) -> list[str]:
         if v.endswith(".whl"):
             if not Path(v).is_file():
                 raise ValueError(f"--modelopt {v!r}: no such wheel file")
-        elif not re.fullmatch(r"(git:)?[0-9A-Za-z][0-9A-Za-z._+/-]*", v):
-            raise ValueError(f"--modelopt {v!r}: not a version, a wheel file or git:<ref>")
+        elif not re.fullmatch(r"(git:)?[0-9A-Za-z][0-9A-Za-z._+/-]*", v) or not (
+                v.startswith("git:") or _is_release(v)):  # before any environment is made for it
+            raise ValueError(f"--modelopt {v!r}: not a version, a wheel file or git:<ref> "
+                             "(a release such as 0.48.0rc1)")
     return vs
 
 
