@@ -335,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         if trim_problem():
             print(f"error: {trim_problem()}", file=sys.stderr)
             return 2
-        return _checked_run(args)
+        from harness.launch.signals import stopped_code
+
+        return stopped_code(_checked_run(args))
     except SwitchError as exc:  # a yes/no or numeric variable set to another value (switches.py)
         print(f"error: {exc}", file=sys.stderr)
         return 2
