@@ -72,3 +72,18 @@ def test_golden_make_without_a_gpu_is_refused_up_front(tmp_path):
     done = _cli("golden", "make", str(out), "--topology", "tp1-etp1-ep1")
     _one_line(done, "golden make --tier gpu-shared", "needs a CUDA GPU", "nothing written")
     assert not out.exists()
+
+
+def test_another_python_without_megatron_is_sent_to_the_projects_environment(monkeypatch, tmp_path):
+    """``python3 -m harness`` (the README's form, a Python outside .venv): the line names the
+    project's environment, not advice (``make test``) that changes nothing."""
+    from harness import machine
+
+    if not (REPO_ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("no project environment (.venv) in this checkout")
+    monkeypatch.setattr(machine, "version", lambda dist: None)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))  # another Python's prefix
+    line = machine.version_problem().line
+    assert "not installed in this Python" in line and "`.venv/bin/python -m harness" in line
+    monkeypatch.setattr(sys, "prefix", str(REPO_ROOT / ".venv"))  # the project's own: no loop
+    assert ".venv/bin/python" not in machine.version_problem().line
