@@ -16,7 +16,7 @@ help:             ## this list
 .PHONY: help repro test test-slow test-all test-gpu witness verdict gate report map matrix bench lint docker-build docker-repro clean fix-wheel lock
 
 repro:            ## the main job: reproduce the bug, check the fix, on the best tier here
-	$(PY) -m harness --results-root $(RESULTS) repro
+	$(PY) -m harness --results-root="$(RESULTS)" repro
 
 test:             ## the test suite (cpu tier here; GPU tiers skip with a reason without a GPU)
 	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadgroup --junitxml=$(RESULTS)/junit.xml
@@ -31,7 +31,7 @@ test-gpu:         ## GPU tiers only (nightly on 8-GPU nodes); SHARD=K/N: the K-t
 	$(PY) -m pytest -m "gpu or gpu_shared" -n $(PYTEST_WORKERS) --dist loadgroup --junitxml=$(RESULTS)/junit.xml $(if $(SHARD),--shard $(SHARD))
 
 witness:          ## the unpatched bug witness grid (allow-to-fail in CI)
-	$(PY) -m harness --results-root $(RESULTS) run --scenario gpu-witness --label witness --jobs $(PYTEST_WORKERS)
+	$(PY) -m harness --results-root="$(RESULTS)" run --scenario gpu-witness --label witness --jobs $(PYTEST_WORKERS)
 
 # verdict and gate: make exits 2 for any non-zero code of theirs (GNU make's status for a failed
 # recipe, whatever the code; its "Error N" line names the code); the scripts exit with the code.
@@ -45,7 +45,7 @@ fix-wheel:        ## the fix for jobs: dist/moe_ckpt_fix-<version>-py3-none-any.
 	$(PY) tools/fix-wheel/build.py dist
 
 report:           ## markdown summary + grid picture of the newest run
-	$(PY) -m harness --results-root $(RESULTS) report
+	$(PY) -m harness --results-root="$(RESULTS)" report
 
 map:              ## collision map of every topology up to 8 ranks
 	$(PY) -m harness map --max-world 8
@@ -76,4 +76,4 @@ clean:
 	rm -rf $(RESULTS) .pytest_cache dist
 
 matrix:           ## decisive cells per (modelopt, megatron-core) pair: MODELOPT="0.47.0 0.48.0rc1" MCORE="0.15.x 0.16.x 0.19.2"
-	$(PY) -m harness --results-root $(RESULTS) matrix $(foreach v,$(MODELOPT),--modelopt $(v)) $(foreach v,$(MCORE),--mcore $(v))
+	$(PY) -m harness --results-root="$(RESULTS)" matrix $(foreach v,$(MODELOPT),--modelopt $(v)) $(foreach v,$(MCORE),--mcore $(v))

@@ -13,7 +13,7 @@ from pathlib import Path
 from harness import commands
 from harness.paths import RESULTS_DIR, unwritable_dir
 from harness.records import PATCHES, Patch
-from harness.switches import SwitchError
+from harness.switches import SwitchError, check_numbers
 from harness.tiers import BACKENDS, TIERS, Backend, Tier
 
 
@@ -34,8 +34,9 @@ _STOPPED = ("128+N", "stopped by signal N (130 Ctrl-C, 143 SIGTERM): the cells s
                      "results.json marked incomplete")
 _CELLS = [("0", "every cell ran as expected (or was skipped, with its reason)"),
           ("1", "a cell unexpected: unexpected-failure or unexpected-pass"),
-          ("2", "usage: a bad or unknown scenario, no cell matches, an unusable --results-root, a "
-                "bad variable, an untested megatron-core"), _STOPPED]
+          ("2", "usage: a bad or unknown scenario, no cell matches, no cell can run here (each "
+                "would be skipped), an unusable --results-root, a bad variable, an untested "
+                "megatron-core"), _STOPPED]
 # Each command's exit codes, shown as its --help epilog.
 EXIT_CODES = {
     "map": [("0", "the map printed"), _USAGE],
@@ -337,8 +338,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {idle}", file=sys.stderr)
         return 2
     try:
-        return _checked_run(args)
-    except SwitchError as exc:  # a yes/no variable set to another word (harness/switches.py)
+        check_numbers()  # every numeric variable, before any command reads one
+        from harness.rank.trim import problem as trim_problem
+
+        if trim_problem():
+            print(f"error: {trim_problem()}", file=sys.stderr)
+            return 2
+        from harness.launch.signals import stopped_code
+
+        return stopped_code(_checked_run(args))
+    except SwitchError as exc:  # a yes/no or numeric variable set to another value (switches.py)
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -351,10 +360,19 @@ def writes_runs(args) -> bool:
 
 def _checked_run(args) -> int:
     """The checks every command that runs stages makes first, then the command."""
+    if not args.results_root.strip():  # Path("") is the current directory: a run in the checkout
+        print("error: --results-root is empty (make: RESULTS=); name a directory, e.g. results",
+              file=sys.stderr)
+        return 2
     if writes_runs(args):
         why = unwritable_dir(Path(args.results_root))
         if why:
             print(f"error: --results-root {args.results_root}: {why}", file=sys.stderr)
+            return 2
+        from harness.scenario.scenarios import name_clashes
+
+        for line in name_clashes()[:1]:  # which grid a name picks must not depend on file order
+            print(f"error: {line}", file=sys.stderr)
             return 2
     if args.cmd in ("run", "repro", "dump-metadata", "verdict"):
         from harness.machine import version_problem

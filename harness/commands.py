@@ -33,12 +33,18 @@ def cmd_recipes(args) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # a recipe named on the command line that is none (unknown name, missing file): refused, not
+    # a table of 0 with it under "Left out" and exit 0 (a recipe that quantizes no expert is one)
+    unknown = [r for r in doc["rows"] if r["recipe"] in args.recipe and "algorithm" not in r]
+    if unknown:
+        print(f"error: recipe {unknown[0]['recipe']}: {unknown[0]['left_out']}", file=sys.stderr)
+        return 2
     print(json.dumps(doc, indent=1) if args.json else table(doc, rules_for(installed_modelopt(), installed_mcore())))
     return 0
 
 
 def cmd_run(args) -> int:
-    from harness.run.cells import run_cells, select_cells
+    from harness.run.cells import none_can_run, run_cells, select_cells
     from harness.scenario.scenarios import (ScenarioError, load_all_with_errors, report_errors,
                                             scenario_name)
 
@@ -64,6 +70,9 @@ def cmd_run(args) -> int:
         print(f"no cell matches scenario {args.scenario} / cells {args.cells}; "
               "see scenarios/*.toml", file=sys.stderr)
         return 2
+    if none_can_run(cells):
+        print(f"error: {none_can_run(cells)}", file=sys.stderr)
+        return 2
     if args.stage_mode:  # read by harness/launch/pool.py stage_mode(), the one place
         os.environ["HARNESS_STAGE_MODE"] = args.stage_mode
     doc = run_cells(cells, Path(args.results_root), label=args.label, jobs=args.jobs)
@@ -74,7 +83,7 @@ def cmd_run(args) -> int:
 
 def cmd_sample(args) -> int:
     """Randomized cells off the committed grid (harness/scenario/sample.py), run as scenarios."""
-    from harness.run.cells import run_cells
+    from harness.run.cells import none_can_run, run_cells
     from harness.scenario.sample import describe, parse_slice, sample_scenarios, slice_of
 
     try:
@@ -91,6 +100,9 @@ def cmd_sample(args) -> int:
     if args.stage_mode:
         os.environ["HARNESS_STAGE_MODE"] = args.stage_mode
     cells = [c for s in scenarios for c in s.cells()]
+    if none_can_run(cells):
+        print(f"error: {none_can_run(cells)}", file=sys.stderr)
+        return 2
     label = args.label or f"sample-s{args.seed}-{args.patch}"
     doc = run_cells(cells, Path(args.results_root), label=label, jobs=args.jobs or 1)
     from harness.run.results import exit_code
@@ -186,11 +198,12 @@ def _gate_committed(args) -> int:
     from harness.report import gate
 
     try:
+        if not args.modelopt:  # --mcore alone: name it, not the --modelopt never given
+            raise gate.GateUsage("--mcore needs --modelopt V (and --gate --job ID): with it, the "
+                                 "gate picks the committed records of that pair")
         if not args.gate:
             raise gate.GateUsage("--modelopt needs --gate (and --job ID): it picks the committed "
                                  "records the gate judges")
-        if not args.modelopt:
-            raise gate.GateUsage("--mcore needs --modelopt")
         if args.results:
             raise gate.GateUsage("give --modelopt (the committed records of a pair) or "
                                  "--results, not both")

@@ -199,13 +199,26 @@ class VersionProblem(NamedTuple):
     fatal: bool  # nothing can run (a package missing, an untested megatron-core); else a warning
 
 
+def _not_installed(dist: str) -> str:
+    """The line for a package this Python lacks: where the project's environment exists and this
+    is another Python (``python3 -m harness``), its command; else how to make it."""
+    import sys
+
+    from harness.paths import REPO_ROOT
+
+    venv = REPO_ROOT / ".venv" / "bin" / "python"
+    if venv.exists() and Path(sys.prefix).resolve() != (REPO_ROOT / ".venv").resolve():
+        return (f"{dist} is not installed in this Python ({sys.executable}); the project's "
+                f"environment is .venv: run `.venv/bin/python -m harness ...` (or `make <target>`)")
+    return f"{dist} is not installed (run `make test` or tools/bootstrap-venv.sh)"
+
+
 def version_problem() -> VersionProblem | None:
     """A clear message when a package is missing or at a version this harness was not built for."""
     overridden = mcore_overridden()  # read first: a bad value stops the run, needed here or not
     mc = version("megatron-core")
     if mc is None:
-        return VersionProblem("megatron-core is not installed (run `make test` or "
-                              "tools/bootstrap-venv.sh)", fatal=True)
+        return VersionProblem(_not_installed("megatron-core"), fatal=True)
     problem = mcore_problem(mc)
     if problem:
         return VersionProblem(problem, fatal=not overridden)

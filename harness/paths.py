@@ -37,17 +37,26 @@ def shown_path(path: Path) -> str:
 
 
 def unwritable_dir(path: Path) -> str | None:
-    """Why no directory can be made or written under ``path``, in words, or None; creates nothing.
+    """Why no directory can be made or written under ``path``, in words, or None; leaves nothing.
 
     Why: a run's first write is deep inside it (a probe, a pool, a stage); a read-only or file
-    results root must stop the command before anything runs, in one line."""
+    results root must stop the command before anything runs, in one line. Permissions alone do
+    not tell (root may write anywhere, yet the proc filesystem takes no new directory), so a
+    directory is made where a ``mkdir -p`` would start and removed at once."""
     base = Path(path)
     while not base.exists() and base.parent != base:  # where a mkdir -p would start
         base = base.parent
+    where = "it" if base == Path(path) else str(base)
     if not base.is_dir():
-        return f"{'it' if base == Path(path) else base} is a file, not a directory"
+        return f"{where} is a file, not a directory"
     if not os.access(base, os.W_OK | os.X_OK):  # also false on a read-only filesystem
-        return f"no permission to write in {'it' if base == Path(path) else base}"
+        return f"no permission to write in {where}"
+    probe = base / f".harness-write-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except OSError as exc:
+        return f"no directory can be made in {where} ({exc.strerror or exc})"
+    probe.rmdir()
     return None
 
 

@@ -156,17 +156,18 @@ def test_undamaged_golden_copy_loads(tmp_path, golden_dir):
     assert [c.id for c in s.cells()] == [f"ok[golden={GOLDEN},load=tp1-etp1-ep1-pp1]"]
 
 
-def test_duplicate_name_the_second_file_is_bad(tmp_path, capsys):
+def test_duplicate_name_both_files_are_bad(tmp_path, capsys):
+    """Neither file of a reused name runs in place of the other, whichever sorts first."""
     shutil.copy(GOOD, tmp_path / GOOD.name)
     dup = tmp_path / "zz_copy.toml"  # sorts after cpu_reshard.toml
     dup.write_text('name = "cpu-reshard"\n' + CPU + SAVES)
     good, errors = load_all_with_errors(tmp_path)
-    assert [Path(s.source).name for s in good] == [GOOD.name]
-    assert len(errors) == 1
-    _one_line(errors[0], dup, [f"name: 'cpu-reshard' is already used by {tmp_path / GOOD.name}"])
+    assert good == [] and len(errors) == 2
+    _one_line(errors[0], tmp_path / GOOD.name, [f"name: 'cpu-reshard' is also used by {dup}"])
+    _one_line(errors[1], dup, [f"name: 'cpu-reshard' is also used by {tmp_path / GOOD.name}"])
     load_all(tmp_path)
     load_all(tmp_path)
-    assert capsys.readouterr().err.count(str(errors[0])) == 1  # once per process
+    assert capsys.readouterr().err.count(str(errors[1])) == 1  # once per process
 
 
 def test_unreadable_golden_metadata_under_an_intact_manifest(tmp_path, golden_dir):

@@ -62,3 +62,16 @@ def interrupt_on_signals() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, on_signal)
+
+
+def stopped_code(rc: int) -> int:
+    """A command's exit code ``rc``, or 128+N when signal N stopped the run, even one that came
+    after its last cell: the stop was asked for and a caller (make, CI) must see it, not an exit
+    0 after the "stopping every running stage" line."""
+    name = shutdown_signal()
+    if rc >= 128 or name not in signal.Signals.__members__:
+        return rc
+    code = 128 + signal.Signals[name].value
+    print(f"stopped by {name}: exit {code} (results.json holds every cell that finished)",
+          file=sys.stderr)
+    return code

@@ -287,7 +287,9 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: Watch, t0: 
              world: int, token: str) -> StageRun:
     results = rank_results(stage_dir, world, token)
     errors = list(_read_jsons(stage_dir / "errors").values())
-    tr_log = (stage_dir / "torchrun.log").read_text(errors="replace")
+    # a forked stage that ends before its agent starts (a stage timeout of a millisecond, a rank
+    # that cannot import torch) leaves no torchrun.log: no table to parse, not a crash here
+    tr_log = _tail(stage_dir / "torchrun.log", n=None)
     elastic = F.parse_elastic_failures(tr_log)
     by_elastic = F.parse_elastic_signalled(tr_log) | w.signalled_pids
     exits = []
@@ -306,6 +308,12 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: Watch, t0: 
     cause, secondaries = F.classify(stage, errors, exits, timed_out=timed_out) if classify else (None, [])
     if not failed and len(results) < world:  # fail closed: every rank must show it ran
         failed, cause = True, no_result_cause(stage, stage_dir, world, results, returncode)
+    if classify and cause is None and not tr_log:  # a reason, never a bare FAILED
+        cause = F.RankFailure(
+            rank=0, stage=stage, kind=CauseKind.TIMEOUT if timed_out else CauseKind.EXIT,
+            exc_type="NoTorchrunLog",
+            message=(f"the stage ended ({'timed out' if timed_out else f'exit {returncode}'}) "
+                     f"before its launcher wrote {stage_dir}/torchrun.log: no rank ran it"))
     first = w.first_failure_at
     if first is None and failed:
         first = min((f.time for f in [cause, *secondaries] if f and f.time), default=None)
@@ -318,9 +326,10 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: Watch, t0: 
     )
 
 
-def _tail(path: Path, n: int = 8000) -> str:
+def _tail(path: Path, n: int | None = 8000) -> str:
+    """The last ``n`` bytes of ``path`` as text (all of it when ``n`` is None); "" if unreadable."""
     try:
         data = path.read_bytes()
     except OSError:
         return ""
-    return data[-n:].decode(errors="replace")
+    return (data if n is None else data[-n:]).decode(errors="replace")

@@ -103,7 +103,9 @@ def wait_for_sibling_forks(stage_dir: Path, run_id: str, rank: int, local_world:
     its first step (CI, 2026-12-07: on an import lock the agent's thread held at the fork) is
     then the stage's named cause, not a stage timeout with none."""
     if wait_s is None:
-        wait_s = float(os.environ.get(SIBLING_FORK_WAIT_ENV, SIBLING_FORK_WAIT_S))
+        from harness.switches import number
+
+        wait_s = number(SIBLING_FORK_WAIT_ENV, default=SIBLING_FORK_WAIT_S)
     began = time.monotonic()
     forked = stage_dir / "forked" / run_id
     forked.mkdir(parents=True, exist_ok=True)

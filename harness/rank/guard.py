@@ -23,8 +23,10 @@ STACK_DUMP_LEAD_S = 5.0  # dump stacks this long before the controller's hard li
 
 
 def pg_timeout_s() -> float:
-    """Process-group timeout the controller chose (seconds, default 60)."""
-    return float(os.environ.get("HARNESS_PG_TIMEOUT_S", "60"))
+    """Process-group timeout the controller chose (seconds, default 60; harness/switches.py)."""
+    from harness.switches import number
+
+    return number("HARNESS_PG_TIMEOUT_S")
 
 
 def nccl_env(trace_buffer: int = 2000) -> dict[str, str]:

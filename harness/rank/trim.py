@@ -27,9 +27,27 @@ class _Refuse:
         return None
 
 
+# Packages every rank imports: refusing one leaves no stage that can run.
+NEEDED = ("torch", "numpy", "megatron", "modelopt", "harness", "moe_ckpt_fix")
+
+
+def _names(environ=os.environ) -> set[str]:
+    return {n.strip() for n in environ.get(VAR, "").split(",") if n.strip()}
+
+
+def problem(environ=os.environ) -> str | None:
+    """One line when HARNESS_RANK_TRIM refuses a package every rank needs (the controller checks
+    at start-up: each stage would die before its launcher's log, every cell failing), else None."""
+    needed = sorted(_names(environ) & set(NEEDED))
+    if not needed:
+        return None
+    return (f"{VAR}={environ.get(VAR)!r} refuses {', '.join(needed)}, which every rank imports: "
+            f"no stage could run (it is for optional plugins: transformers,torchvision,numba)")
+
+
 def install() -> set[str]:
     """Refuse the packages named in HARNESS_RANK_TRIM in this process (once); returns them."""
-    names = {n.strip() for n in os.environ.get(VAR, "").split(",") if n.strip()}
+    names = _names()
     if names and not any(isinstance(f, _Refuse) for f in sys.meta_path):
         sys.meta_path.insert(0, _Refuse(names))
     return names

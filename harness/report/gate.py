@@ -38,8 +38,12 @@ def job_of(job_id: str) -> vd.Job:
 def pair_of_runs(runs: list[RunResults]) -> Pair | None:
     """The one (modelopt, megatron-core) pair the runs' cells imported; None for no cell at all.
     GateUsage for several: the gate judges the pair the job runs."""
-    pairs = sorted({Pair(c.modelopt, c.mcore) for r in runs for c in vd.doc_records(r).values()},
-                   key=lambda p: p.sort_key)
+    from harness.machine import public_version
+
+    # a local build of a release is that release (machine.public_version): a run's ran cells
+    # record 0.19.2+<commit>, its skipped or interrupted ones the run's 0.19.2; one pair
+    pairs = sorted({Pair(public_version(c.modelopt), public_version(c.mcore))
+                    for r in runs for c in vd.doc_records(r).values()}, key=lambda p: p.sort_key)
     if len(pairs) > 1:
         raise GateUsage(f"the gate judges one (modelopt, megatron-core) pair, the one the job "
                         f"runs; these results hold {len(pairs)}: {', '.join(map(str, pairs))}")

@@ -99,6 +99,18 @@ def _warm_extensions(cells, out) -> None:
         print(warm_up(), file=out, flush=True)
 
 
+def none_can_run(cells) -> str | None:
+    """One line when this machine can run none of ``cells`` (each would be skipped), else None.
+
+    Why: a run of skipped cells only (a GPU scenario on a CPU host) exits 0, and a CI step that
+    runs it goes green with nothing run; refused before any folder is made, it exits 2."""
+    reasons = [skip_reason(c.scenario.tier, c.world, c.scenario.size, c.scenario.shared_gpu_nccl)
+               for c in cells]
+    if not cells or not all(reasons):
+        return None
+    return f"none of the {len(cells)} cells can run here: {reasons[0]}; nothing run"
+
+
 def run_cells(cells, results_root: Path, label: str, jobs: int = 1, out=None,
               run_dir: RunDir | None = None) -> dict:
     """Run cells (skipping those this machine cannot run); print progress, then the table.

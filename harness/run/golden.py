@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.golden.manifest import GoldenError, write_manifest
+from harness.machine import tier_skip_reason
 from harness.records import Stage
 from harness.tiers import Tier, facts
 
@@ -29,6 +30,9 @@ def make_golden(out: Path | str, *, topology: str, validate_sharding: bool, tier
     if (d / "ckpt").exists():
         raise GoldenError(f"{d}/ckpt exists: golden checkpoints are written once")
     topo = Topology.parse(topology)
+    why = tier_skip_reason(tier, topo.world_size)  # before any folder: a GPU host's job
+    if why:
+        raise GoldenError(f"golden make --tier {tier}: {why}; nothing written")
     size = GOLDEN_SIZE.as_dict()
     spec = StageSpec(stage=Stage.SAVE, topology=topo.id, tier=tier,
                      backend=facts(tier).backend, size=size,

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from harness import bounded
 from harness.paths import REPO_ROOT, RESULTS_DIR, RunDir
+from harness.switches import number
 from harness.records import UNEXPECTED_OUTCOMES, Outcome, RunResults
 from harness.report.matrix_table import (COLUMNS, TableEntry, cells_from_results, first_problem,
                                          goldens_table, render_pair_table, render_table)
@@ -57,9 +58,19 @@ IMPORT_PROBE = (
     "print('modelopt', modelopt.__version__, 'megatron-core', megatron.core.__version__,"
     " 'torch', torch.__version__, '| rule', b.label, '|', plugin_problem() or 'plugin ok')"
 )
-TIMEOUTS = {"env": 900, "import": 300, "run": int(os.environ.get("MATRIX_RUN_TIMEOUT_S", 900)),
-            "oracle": 600}
+TIMEOUTS = {"env": 900, "import": 300, "oracle": 600}  # the run's: MATRIX_RUN_TIMEOUT_S
 TERM_GRACE_S = 30  # after SIGTERM, before SIGKILL of the whole session
+
+
+def _is_release(v: str) -> bool:
+    """Whether ``v`` is a version pip could install (PEP 440: 0.47.0, 0.48.0rc1)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(v)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def versions_from(args) -> list[str]:
@@ -71,8 +82,10 @@ def versions_from(args) -> list[str]:
         if v.endswith(".whl"):
             if not Path(v).is_file():
                 raise ValueError(f"--modelopt {v!r}: no such wheel file")
-        elif not re.fullmatch(r"(git:)?[0-9A-Za-z][0-9A-Za-z._+/-]*", v):
-            raise ValueError(f"--modelopt {v!r}: not a version, a wheel file or git:<ref>")
+        elif not re.fullmatch(r"(git:)?[0-9A-Za-z][0-9A-Za-z._+/-]*", v) or not (
+                v.startswith("git:") or _is_release(v)):  # before any environment is made for it
+            raise ValueError(f"--modelopt {v!r}: not a version, a wheel file or git:<ref> "
+                             "(a release such as 0.48.0rc1)")
     return vs
 
 
@@ -159,12 +172,12 @@ def run_version(v: str, root: Path, mcore: str | None = None) -> tuple[dict[str,
         return cells, []  # nothing else can run in this env
     cells["import"] = imported(_last_line(out))
     cmd = [py, "-m", "harness", "--results-root", str(logs / RESULTS_DIR), "run", "--label",
-           f"matrix-{logs.name}", "--jobs", os.environ.get("MATRIX_RUN_JOBS", "4")]
+           f"matrix-{logs.name}", "--jobs", str(number("MATRIX_RUN_JOBS"))]
     for s in dict.fromkeys(c.split("[", 1)[0].rstrip("*") for c in cell_set()):
         cmd += ["--scenario", s]
     for c in cell_set():
         cmd += ["--cells", c]
-    rc, out = _run(cmd, TIMEOUTS["run"], logs / "run.log")
+    rc, out = _run(cmd, number("MATRIX_RUN_TIMEOUT_S"), logs / "run.log")
     found = RunDir.results_files(logs / RESULTS_DIR)
     records: list[dict] = []
     if found:
@@ -238,7 +251,7 @@ def main(args) -> int:
         versions = []  # render only
     pairs = {pair_label(v, mc): (v, mc) for v in versions for mc in mcores}
     root = Path(getattr(args, "results_root", "results")) / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}"
-    jobs = int(os.environ.get("MATRIX_JOBS", len(pairs) or 1))
+    jobs = number("MATRIX_JOBS", default=len(pairs) or 1)
     print(f"matrix: {', '.join(pairs)} -> {root} (logs per pair; {jobs} at a time)",
           file=sys.stderr)
     t0 = time.time()

@@ -231,29 +231,54 @@ def load_scenario(path: Path, golden_dir: Path = GOLDEN_DIR) -> Scenario:
 NOT_SCENARIOS = (QUARANTINE_FILE.name, SELECTIONS_FILE.name)
 
 
-def load_all_with_errors(directory: Path = SCENARIO_DIR, golden_dir: Path = GOLDEN_DIR
-                         ) -> tuple[list[Scenario], list[ScenarioError]]:
-    """Every good scenario, and one ScenarioError per bad file: a bad file never hides the others.
-
-    Names are unique across files: of two files with one name, the later (sorted) one is bad.
-    """
-    good: list[Scenario] = []
-    bad: list[ScenarioError] = []
-    first: dict[str, Path] = {}
+def _names(directory: Path) -> dict[Path, str]:
+    """Each scenario file of ``directory`` (sorted) -> its scenario's name (its ``name`` key, else
+    its stem), read without checking the rest of the file."""
+    names = {}
     for p in sorted(Path(directory).glob("*.toml")):
         if p.name in NOT_SCENARIOS:
             continue
         try:
-            s = load_scenario(p, golden_dir)
+            name = tomllib.loads(p.read_text(encoding="utf-8")).get("name")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            name = None  # load_scenario names the problem
+        names[p] = name if isinstance(name, str) else p.stem
+    return names
+
+
+def name_clashes(directory: Path | None = None) -> list[str]:
+    """One line per scenario name that two or more files of ``directory`` carry, naming them all.
+
+    Why: a name picks a scenario's cells (``make repro``, ``--scenario``); a new file that reuses
+    a shipped name once replaced the shipped grid silently (the later file was the one skipped)."""
+    by_name: dict[str, list[Path]] = {}
+    for path, name in _names(directory or SCENARIO_DIR).items():
+        by_name.setdefault(name, []).append(path)
+    return [f"scenario name {name!r} is used by {' and '.join(shown_path(p) for p in paths)}: "
+            "one name, one file; rename the new one" for name, paths in by_name.items()
+            if len(paths) > 1]
+
+
+def load_all_with_errors(directory: Path | None = None, golden_dir: Path = GOLDEN_DIR
+                         ) -> tuple[list[Scenario], list[ScenarioError]]:
+    """Every good scenario, and one ScenarioError per bad file: a bad file never hides the others.
+
+    Names are unique across files: every file of a name two files carry is bad (each line names
+    the other files), so neither grid runs in place of the other.
+    """
+    good: list[Scenario] = []
+    bad: list[ScenarioError] = []
+    names = _names(directory or SCENARIO_DIR)
+    for p, name in names.items():
+        others = [q for q, n in names.items() if n == name and q != p]
+        if others:
+            bad.append(ScenarioError(f"{shown_path(p)}: name: {name!r} is also used by "
+                                     f"{', '.join(shown_path(q) for q in others)}", p, name))
+            continue
+        try:
+            good.append(load_scenario(p, golden_dir))
         except ScenarioError as exc:
             bad.append(exc)
-            continue
-        if s.name in first:
-            bad.append(ScenarioError(f"{shown_path(p)}: name: {s.name!r} is already used by "
-                                     f"{shown_path(first[s.name])}", p, s.name))
-            continue
-        first[s.name] = p
-        good.append(s)
     return good, bad
 
 
@@ -299,7 +324,7 @@ def as_nccl_shared(s: Scenario) -> Scenario | str:
     return replace(s, tier=Tier.GPU, shared_gpu_nccl=True)
 
 
-def load_all(directory: Path = SCENARIO_DIR, golden_dir: Path = GOLDEN_DIR) -> list[Scenario]:
+def load_all(directory: Path | None = None, golden_dir: Path = GOLDEN_DIR) -> list[Scenario]:
     """The good scenarios; each bad file's line goes to stderr (load_all_with_errors returns them)."""
     good, bad = load_all_with_errors(directory, golden_dir)
     report_errors(bad)

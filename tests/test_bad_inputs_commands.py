@@ -1,0 +1,89 @@
+"""Bad inputs to single commands that once succeeded silently, failed late or named the wrong
+option: each now gets one line naming the value, exit 2 (the command's --help "usage" code),
+no traceback and nothing left behind.
+
+Why: an exit 0 over an empty table or over skipped cells turns a CI step green with nothing
+checked; a refusal that names an option not given sends the reader to the wrong flag.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from harness.machine import gpu_count
+from harness.paths import REPO_ROOT
+from tests.helpers import bounded
+
+pytestmark = pytest.mark.cpu
+
+
+def _cli(*args: str):
+    return bounded([sys.executable, "-W", "ignore", "-m", "harness", *args], 180, cwd=REPO_ROOT,
+                   env=dict(os.environ))
+
+
+def _one_line(done, *words: str) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def test_verdict_mcore_alone_names_mcore():
+    line = _one_line(_cli("verdict", "--mcore", "0.19.2"), "--mcore needs --modelopt")
+    assert not line.startswith("error: --modelopt"), line
+
+
+@pytest.mark.parametrize("ref, words", [
+    ("mtq:NOPE", ["recipe mtq:NOPE", "_CFG"]),
+    ("file:{tmp}/nonexistent.yaml", ["nonexistent.yaml", "not loadable"]),
+])
+def test_recipes_refuses_a_recipe_that_is_none(tmp_path, ref, words):
+    ref = ref.format(tmp=tmp_path)
+    done = _cli("recipes", ref)
+    _one_line(done, *words)
+    assert "Recipes of" not in done.stdout  # no table of 0
+
+
+def test_matrix_refuses_a_modelopt_that_is_no_version_before_any_environment(tmp_path):
+    root = tmp_path / "results"
+    done = _cli("--results-root", str(root), "matrix", "--modelopt", "notaversion")
+    _one_line(done, "--modelopt 'notaversion'", "not a version")
+    assert not root.exists()  # no matrix-* run folder
+    assert not (REPO_ROOT / ".venv-modelopt-notaversion").exists()
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="a GPU host can run the gpu tiers")
+def test_a_run_of_cells_none_of_which_can_run_here_is_refused(tmp_path):
+    root = tmp_path / "results"
+    done = _cli("--results-root", str(root), "run", "--scenario", "gpu-witness", "--cells",
+                "*save=tp2-etp1-ep2*")
+    _one_line(done, "none of the 8 cells can run here", "needs a CUDA GPU")
+    assert not root.exists()
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="a GPU host can make a golden")
+def test_golden_make_without_a_gpu_is_refused_up_front(tmp_path):
+    out = tmp_path / "gm"
+    done = _cli("golden", "make", str(out), "--topology", "tp1-etp1-ep1")
+    _one_line(done, "golden make --tier gpu-shared", "needs a CUDA GPU", "nothing written")
+    assert not out.exists()
+
+
+def test_another_python_without_megatron_is_sent_to_the_projects_environment(monkeypatch, tmp_path):
+    """``python3 -m harness`` (the README's form, a Python outside .venv): the line names the
+    project's environment, not advice (``make test``) that changes nothing."""
+    from harness import machine
+
+    if not (REPO_ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("no project environment (.venv) in this checkout")
+    monkeypatch.setattr(machine, "version", lambda dist: None)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))  # another Python's prefix
+    line = machine.version_problem().line
+    assert "not installed in this Python" in line and "`.venv/bin/python -m harness" in line
+    monkeypatch.setattr(sys, "prefix", str(REPO_ROOT / ".venv"))  # the project's own: no loop
+    assert ".venv/bin/python" not in machine.version_problem().line
