@@ -215,6 +215,10 @@ class StageResult:
     amax_keys: dict | None = described(
         "a save (or a golden): the quantizer amax keys its checkpoint holds per module family, MTP "
         "layers' apart (harness/check/keys.py amax_key_counts); null: not read", default=None)
+    amax_kinds: dict | None = described(
+        "a save: the amax kinds per module family its ranks' calibration made, recorded before the "
+        "save (so a failed save has them too), merged over the ranks; null: no rank got there",
+        default=None)
 
     @property
     def rank0(self) -> dict:
