@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from harness.check.release import release
 from harness.fix import JOB_CHANGE, WHEEL
 from harness.records import RunResults
 from harness.report import verdict as vd
@@ -262,7 +263,7 @@ def parse_pair(modelopt: str, mcore: str | None) -> Pair:
         except InvalidVersion:
             raise GateUsage(f"{flag} {v!r} is not a version (e.g. --modelopt 0.48.0rc1 --mcore "
                             f"{REFERENCE_MCORE})") from None
-    return Pair(modelopt, mcore)
+    return Pair(release(modelopt), release(mcore))  # the releases records name (check/release.py)
 
 
 def main_committed(job_id: str, modelopt: str, mcore: str | None, patched: bool,
