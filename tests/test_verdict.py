@@ -162,11 +162,11 @@ def _args(**kw) -> SimpleNamespace:
 
 
 @pytest.mark.skipif(tier_skip_reason("gpu-shared", 8) is None, reason="a GPU is here: cells would run")
-@pytest.mark.parametrize("gate", [False, True])
-def test_no_results_and_no_gpu_is_one_line(tmp_path, capsys, gate):
-    """Nothing to judge and nothing runnable here: one line saying where evidence comes from, no
-    cells run (every one would be skipped), exit 4 (nothing decides) for the report and the gate."""
-    rc = commands.cmd_verdict(_args(results_root=str(tmp_path), gate=gate, job=NANO if gate else None))
+def test_a_gate_with_no_results_and_no_gpu_is_one_line(tmp_path, capsys):
+    """Nothing given to the gate and nothing runnable here: one line saying where evidence comes
+    from, no cells run (every one would be skipped), exit 4 (nothing decides). Bare ``verdict``
+    judges the committed records instead (tests/test_verdict_no_gpu.py)."""
+    rc = commands.cmd_verdict(_args(results_root=str(tmp_path), gate=True, job=NANO))
     out = capsys.readouterr().out
     assert rc == 4
     _no_evidence_line(out)
