@@ -169,8 +169,12 @@ def cmd_verdict(args) -> int:
 
     cells = verdict.cells_to_run()
     if all(tier_skip_reason(c.scenario.tier, c.world) for c in cells):
-        print(verdict_text.no_evidence_line(cells[0].scenario.tier))  # nothing could run here
-        return gate.EXIT_UNDECIDED
+        if args.gate:  # the gate judges evidence given or named (--results, --modelopt)
+            print(verdict_text.no_evidence_line(cells[0].scenario.tier))
+            return gate.EXIT_UNDECIDED
+        from harness.report import committed_verdict  # nothing runs here: the committed evidence
+
+        return committed_verdict.main(cells[0].scenario.tier, args.job)
     print(f"running {len(cells)} verdict cell(s) with the installed modelopt", file=sys.stderr)
     doc = run_cells(cells, Path(args.results_root), label="verdict", out=sys.stderr)
     from harness.run.results import exit_code

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata as md
-import os
 import platform
 import re
 from enum import StrEnum
 from pathlib import Path
 from typing import NamedTuple
 
+from harness.check.release import release
 from harness.tiers import TIERS, facts
 from moe_ckpt_fix.releases import SUPPORTED_MCORE
 
@@ -231,16 +231,6 @@ def version_problem() -> VersionProblem | None:
     return VersionProblem(notice, fatal=False) if notice else None
 
 
-def public_version(v: str | None) -> str | None:
-    """``0.19.2+dc038c6`` -> ``0.19.2`` (a local build of a release is that release here)."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(v or "").public
-    except InvalidVersion:
-        return v
-
-
 def mcore_overridden() -> bool:
     from harness.switches import switch
 
@@ -250,7 +240,7 @@ def mcore_overridden() -> bool:
 def mcore_problem(mc: str) -> str | None:
     """One line when megatron-core ``mc`` is outside the tested range (an error unless the
     override is set, then a warning that results records carry)."""
-    if public_version(mc) in SUPPORTED_MCORE:
+    if release(mc) in SUPPORTED_MCORE:
         return None
     line = (f"megatron-core {mc} is untested by this harness (tested: {', '.join(SUPPORTED_MCORE)}): "
             "the model builder, the cpu shims and the probes were not run on it, and no "

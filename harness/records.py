@@ -116,6 +116,10 @@ class StageResult:
     amax_keys: dict | None = described(
         "a save (or a golden): the quantizer amax keys its checkpoint holds per module family, MTP "
         "layers' apart (harness/check/keys.py amax_key_counts); null: not read", default=None)
+    amax_kinds: dict | None = described(
+        "a save: the amax kinds per module family its ranks' calibration made, recorded before the "
+        "save (so a failed save has them too), merged over the ranks; null: no rank got there",
+        default=None)
 
     @property
     def rank0(self) -> dict:
@@ -212,6 +216,10 @@ class CellRecord:
         "part (f) (`static-block`) is opt-in, and only a record naming it is judged by the fixed "
         "static rule (harness/check/versions.py kind_rule); absent: unpatched, no stage reported, "
         "or recorded before the field (judged as without part f)", default=None)
+    raw_versions: dict[str, str] | None = described(
+        "distribution -> the version string its ranks imported, where it is not the release that "
+        "`modelopt` and `mcore` name (a local `+<sha>`, a `.dev` part: harness/check/release.py); "
+        "absent: none differs, or recorded before the field", default=None)
 
     @property
     def recipe_ref(self) -> str:
@@ -222,7 +230,7 @@ class CellRecord:
     def as_dict(self) -> dict:
         out = asdict(self)
         for late in ("recipe", "amax_kinds", "nccl_mode", "timed_out", "evidence", "forecast_disagreement",
-                     "model", "amax_keys", "fix_parts"):  # fields younger than most committed runs
+                     "model", "amax_keys", "fix_parts", "raw_versions"):  # fields younger than most committed runs
             if out[late] is None:
                 del out[late]
         return out

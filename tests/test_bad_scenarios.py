@@ -109,6 +109,10 @@ BAD = [  # id, file body, damage to the golden copy, words the one line must hol
      ["saves[0]: tp1-etp1-ep2-pp2: a save at pp > 1", "receive buffers on CUDA",
       "tiers gpu-shared and gpu only"]),
     ("no-cells", CPU + 'loads = ["tp1-etp1-ep1"]\n', None, ["saves: required", "no cells"]),
+    # a pair is [save, load]: one topology alone is refused, never dropped (the file then has
+    # no cell of it, and would run without saying so)
+    ("pair-of-one", CPU + SAVES + 'pairs = [["tp1-etp1-ep2"]]\n', None,
+     ["pairs[0]: expected [save, load], got ['tp1-etp1-ep2']"]),
     ("saves-and-goldens", GOLDEN_BODY + SAVES, None, ["either saves or goldens"]),
     ("golden-missing", GOLDEN_BODY.replace(GOLDEN, "no-such-golden"), None,
      ["goldens[0]: golden 'no-such-golden' not found"]),

@@ -62,6 +62,16 @@ def test_a_stage_whose_ranks_exit_0_without_a_result_fails(tmp_path):
     assert run.leftovers == []
 
 
+def test_a_stage_where_only_some_ranks_reported_fails(tmp_path):
+    """Rank 0 reports, rank 1 leaves cleanly without a result: one rank's evidence is not the
+    stage's; it fails, naming the silent rank."""
+    run = run_stage("save", tmp_path / "stage", 2, [], 60, rank_module="tests.rank_programs.half_silent")
+    assert sorted(run.rank_results) == [0] and run.returncode == 0, run.summary()
+    assert not run.ok, run.summary()
+    assert run.cause.kind == CauseKind.NO_RESULT and run.cause.rank == 1, run.summary()
+    assert "1 of 2 ranks reported no result" in run.cause.message
+
+
 def _save_result(world: int, topology: str = SAVE) -> StageResult:
     saved = {"topology": topology, "world_size": world, "validated": True}
     return StageResult(stage="save", ok=True, wall_s=1.0, summary="save: ok",

@@ -268,11 +268,22 @@ def test_every_proven_part_is_installed_by_the_switch_alone(monkeypatch, install
 
 def test_0_48_0rc1_passes_the_version_gate_without_asking(monkeypatch):
     """0.48.0rc1 gets part (f) with MOE_CKPT_FIX=1 alone (no MOE_CKPT_FIX_UNPROVEN): past the
-    version gate, here it stops at the missing Transformer Engine, having patched nothing."""
+    version gate. Where Transformer Engine imports (every GPU host, tiers gpu and gpu-shared) the
+    0.48.0rc1 patcher is called, asked for no unproven part (stubbed: the modelopt installed is
+    another release, not to be patched); without it (the cpu tier) the patcher stops at the
+    missing Transformer Engine, having patched nothing."""
     monkeypatch.setattr(fix, "_installed_modelopt_version", lambda: "0.48.0rc1")
     monkeypatch.setattr(fix, "_installed_mcore_version", lambda: fix.SUPPORTED_MCORE_VERSIONS[-1])
     monkeypatch.delenv(fix.UNPROVEN_VAR, raising=False)
     if _te_importable():
+        from moe_ckpt_fix import modelopt_0_48_0rc1 as patcher
+
+        called = []
+        monkeypatch.setattr(fix, "_applied_version", None)  # restored after: nothing was patched
+        monkeypatch.setattr(fix, "_applied_parts", fix._applied_parts)
+        monkeypatch.setattr(patcher, "apply", lambda unproven=(): called.append(unproven) or "patched")
+        assert fix.apply() == "patched" and called == [()]
+        assert fix.applied() is not None and tuple(fix.applied_parts()) == tuple(patcher.parts())
         return
     with pytest.raises(fix.TransformerEngineMissing):
         fix.apply()

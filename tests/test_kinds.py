@@ -217,3 +217,37 @@ def test_the_save_trusts_its_reloaded_logits_by_the_kinds_it_made(kinds, keeps):
     if modelopt.__version__ != "0.47.0":
         pytest.skip(f"the expectations are 0.47.0's rules; {modelopt.__version__} is installed")
     assert _reload_keeps_state(SimpleNamespace(patch="none", backend="te"), kinds) is keeps
+
+
+def test_the_controllers_decision_is_not_reused_once_the_save_recorded_other_kinds(tmp_path):
+    """run_cell hands judge_cell the decision it made from the forecast (static NVFP4 experts for
+    the four-over-six recipe). Patched, a static block amax loaded at another expert TP is refused
+    its global shape (reshard-refused); a scalar amax is not (pass). A save that recorded scalar
+    experts is judged by them, and says it disagrees with the forecast."""
+    from harness.records import FIX_PARTS_ENV_KEY
+
+    cell = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp1-etp2-ep2", patch="fix")
+    forecast = decision_module.decide(cell.plan, "0.47.0", "0.19.2")
+    assert forecast.kinds == STATIC and forecast.expected == "reshard-refused"
+    scalar = {"experts": ["scalar"]}
+    env = {**_env("0.47.0"), FIX_PARTS_ENV_KEY: list(forecast.fix_parts)}
+    save = StageResult(stage="save", ok=True, wall_s=1.0, environment=env,
+                       rank_results={"0": {"amax_kinds": scalar}})
+    load = _passed("0.47.0")
+    load.environment = env
+    rec = judge.judge_cell(_record(cell, "0.47.0"), cell.plan, save, load, decision=forecast)
+    assert rec.amax_kinds == scalar and rec.forecast_disagreement, rec.notice
+    assert (rec.expected, rec.outcome) == ("pass", "pass"), (rec.notice, rec.reason)
+
+
+@pytest.mark.parametrize("load", ["tp1-etp1-ep2", "tp1-etp1-ep8"])
+def test_the_second_bug_is_expected_only_where_a_rank_holds_more_than_one_expert(tmp_path, load):
+    """Unpatched 0.47.0 on TE grouped experts drops every local expert's weight-quantizer amax
+    but the first one's on reload (harness/check/expectation.py, docs/findings.md): a rank with
+    one local expert loses nothing."""
+    cell = _cell(tmp_path, "mtq:MAMBA_MOE_NVFP4_CONSERVATIVE_CFG", "tp1-etp1-ep4", load)
+    local = cell.plan.num_experts // cell.load.ep
+    d = decision_module.decide(cell.plan, "0.47.0", "0.19.2", {"experts": ["scalar"]})
+    assert (d.expected == "amax-lost") == (local > 1), (local, d.expected, d.notice)
+    if local == 1:
+        assert d.expected == "pass", d.notice

@@ -90,3 +90,15 @@ def test_scenario_with_bad_topology_fails_at_collection(tmp_path):
     f.write_text('tier = "gpu-shared"\nbackend = "te"\nsaves = ["tp1-etp1-ep3"]\n')
     with pytest.raises(ScenarioError, match=r"bad.toml: .*num_experts 8 is not divisible by ep 3"):
         load_scenario(f)
+
+
+@pytest.mark.parametrize("topo", ["tp2-etp1-ep4-pp2-w4", "tp1-etp1-ep2-pp2-w2"])
+def test_a_world_that_divides_by_etp_ep_but_not_by_etp_ep_pp_is_refused(topo):
+    """megatron-core's initialize_model_parallel (parallel_state.py) divides the world by
+    expert_tensor_model_pipeline_parallel_size = etp * ep * pp and raises where it does not: the
+    topology is refused before any rank starts, naming that product, though the world divides by
+    tp * pp and by etp * ep."""
+    t = Topology.parse(topo)
+    assert t.world_size % (t.tp * t.pp) == 0 and t.world_size % (t.etp * t.ep) == 0
+    with pytest.raises(TopologyError, match=r"etp\*ep\*pp"):
+        t.check()

@@ -135,6 +135,37 @@ def test_a_pass_where_the_collision_was_expected_without_evidence_is_not_safe():
         assert outcomes == {"unexpected-failure"}, outcomes
 
 
+def test_a_pass_reported_by_one_rank_of_the_world_at_the_right_topology_is_not_safe():
+    """Each witness cell's evidence names its own topology, validation on and expert amax saved,
+    but only one of its world's ranks reported: the others may never have run the stage. With
+    every rank reporting the same cells make SAFE (test_safe_when_bug_no_longer_reproduces)."""
+    witness, fix = _evidence_ids(ULTRA)
+
+    def one_rank(c) -> dict:
+        ev = _ran(c)
+        assert all(e["ranks"] > 1 for e in ev.values())  # the world is larger than the one rank
+        return {stage: {**e, "ranks": 1} for stage, e in ev.items()}
+
+    recs = [_record(c.id, "unexpected-pass", c.expected, evidence=one_rank(c)) for c in witness]
+    recs += [_record(c.id, "pass") for c in fix]
+    vd = _by_job(verdict.judge_doc(_doc(recs, "0.47.0")))[ULTRA]
+    assert vd.word == verdict.UNEXPECTED, vd.word
+    assert {e.outcome for e in vd.evidence if e.role == verdict.Role.WITNESS} == {"unexpected-failure"}
+
+
+def test_a_job_whose_cells_are_all_known_refusals_is_not_safe():
+    """A known refusal is a limitation confirmed where predicted, not a pass: a job none of whose
+    witness cells passed is not SAFE (nor SAFE WITH PATCH when its fix cells are refusals too)."""
+    witness, fix = _evidence_ids(ULTRA)
+    for fix_outcome in ("pass", "known-refusal"):
+        recs = [_record(c.id, "known-refusal", c.expected, evidence=_ran(c)) for c in witness]
+        recs += [_record(c.id, fix_outcome, evidence=_ran(c)) for c in fix]
+        vd = _by_job(verdict.judge_doc(_doc(recs, "0.47.0")))[ULTRA]
+        assert vd.word != verdict.SAFE, (fix_outcome, vd.word, vd.detail)
+        if fix_outcome == "known-refusal":
+            assert vd.word != verdict.SAFE_WITH_PATCH, vd.detail
+
+
 def test_unexpected_failure_exits_nonzero(tmp_path, capsys):
     witness, fix = _evidence_ids(NANO)
     recs = [_record(c.id, "bug-reproduced" if c.load else "pass", c.expected) for c in witness]
@@ -162,11 +193,11 @@ def _args(**kw) -> SimpleNamespace:
 
 
 @pytest.mark.skipif(tier_skip_reason("gpu-shared", 8) is None, reason="a GPU is here: cells would run")
-@pytest.mark.parametrize("gate", [False, True])
-def test_no_results_and_no_gpu_is_one_line(tmp_path, capsys, gate):
-    """Nothing to judge and nothing runnable here: one line saying where evidence comes from, no
-    cells run (every one would be skipped), exit 4 (nothing decides) for the report and the gate."""
-    rc = commands.cmd_verdict(_args(results_root=str(tmp_path), gate=gate, job=NANO if gate else None))
+def test_a_gate_with_no_results_and_no_gpu_is_one_line(tmp_path, capsys):
+    """Nothing given to the gate and nothing runnable here: one line saying where evidence comes
+    from, no cells run (every one would be skipped), exit 4 (nothing decides). Bare ``verdict``
+    judges the committed records instead (tests/test_verdict_no_gpu.py)."""
+    rc = commands.cmd_verdict(_args(results_root=str(tmp_path), gate=True, job=NANO))
     out = capsys.readouterr().out
     assert rc == 4
     _no_evidence_line(out)

@@ -77,8 +77,10 @@ def ran_decision(rec: CellRecord, cell: CellPlan, save: StageResult | None, load
             env.update({k: v for k, v in stage.environment.items() if v})
     modelopt = env.get("nvidia-modelopt") or rec.modelopt
     mcore = env.get("megatron-core") or rec.mcore or installed_mcore()
-    if save is not None and save.stage == Stage.SAVE and save.rank0.get("amax_kinds") is not None:
-        rec.amax_kinds = save.rank0["amax_kinds"]
+    if save is not None and save.stage == Stage.SAVE:
+        kinds = save.amax_kinds if save.amax_kinds is not None else save.rank0.get("amax_kinds")
+        if kinds is not None:  # recorded once calibration ended: a failed save has them too
+            rec.amax_kinds = kinds
     if save is not None and save.amax_keys is not None:
         rec.amax_keys = save.amax_keys
     if env.get(FIX_PARTS_ENV_KEY):

@@ -55,6 +55,7 @@ class StageRun:
     interrupted: str | None = None  # the signal that stopped the controller (SIGINT, SIGTERM)
     rank_nodes: dict[int, int] = field(default_factory=dict)  # global rank -> agent (node) index
     started_at: float | None = None  # epoch: torchrun started (a pool: the job was handed over)
+    amax_kinds: dict | None = None  # a save: the kinds its ranks' calibration made (calibrated_kinds)
 
     def result(self) -> StageResult:
         """The typed record the rest of the controller works with (and writes as stage.json)."""
@@ -71,7 +72,7 @@ class StageRun:
             summary=self.summary(),
             # versions the ranks imported (rank/setup.py record_environment); {} if none got there
             environment=read_json(self.stage_dir / "environment.json", default={}),
-            interrupted=self.interrupted,
+            interrupted=self.interrupted, amax_kinds=self.amax_kinds,
         )
 
     def summary(self) -> str:
@@ -270,6 +271,21 @@ def rank_results(stage_dir: Path, world: int, token: str) -> dict[int, dict]:
             if 0 <= r < world and doc.get("stage_token") == token}
 
 
+def calibrated_kinds(stage_dir: Path, world: int, token: str) -> dict | None:
+    """The amax kinds per module family that this stage's ranks recorded once calibration ended
+    (harness/rank/stages.py ``record_kinds``), merged over the ranks (each holds its own layers
+    and experts); None when no rank got there. Written before the save, so a failed save has them."""
+    docs = [doc for r, doc in _read_jsons(stage_dir / "kinds").items()
+            if 0 <= r < world and doc.get("stage_token") == token and isinstance(doc.get("amax_kinds"), dict)]
+    if not docs:
+        return None
+    merged: dict[str, set] = {}
+    for doc in docs:
+        for family, kinds in doc["amax_kinds"].items():
+            merged.setdefault(family, set()).update(kinds)
+    return {family: sorted(kinds) for family, kinds in sorted(merged.items())}
+
+
 def no_result_cause(stage: str, stage_dir: Path, world: int, results: dict[int, dict],
                     returncode: int | None) -> F.RankFailure:
     """The cause of a stage that ended without an error but without every rank's result."""
@@ -323,6 +339,7 @@ def _collect(stage: str, stage_dir: Path, proc: subprocess.Popen, w: Watch, t0: 
         stage_dir=stage_dir, teardown_s=(all_gone - first) if first else None, leftovers=leftovers,
         first_failure_at=first, all_gone_at=all_gone, interrupted=w.interrupted,
         rank_nodes={r.rank: r.node for r in w.ranks.values()}, started_at=t0,
+        amax_kinds=calibrated_kinds(stage_dir, world, token),
     )
 
 

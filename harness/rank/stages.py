@@ -44,6 +44,7 @@ def save_stage(spec: StageSpec) -> dict:
     seed_expert_bias(model, spec.seed)  # the state training leaves (none without expert bias)
     quantize(model, spec.model_size, device(), spec.recipe)
     kinds = amax_kinds(model)
+    record_kinds(rank, kinds)  # before anything can fail: a failed save still says its kinds
     clock.lap("quantize")
     metadata = sharded_metadata(spec.singleton_local_shards)
     ref_dir = Path(spec.reference_dir)
@@ -81,6 +82,18 @@ def save_stage(spec: StageSpec) -> dict:
     return {"durations": clock.durations, "clock_started_at": clock.started_at,
             "memory": peak_memory(), "reference_shards": shards, "amax_kinds": kinds,
             "saved": saved}
+
+
+def record_kinds(rank: int, kinds: dict) -> None:
+    """This rank's amax kinds per module family, as soon as calibration ends:
+    ``<stage dir>/kinds/rank<r>.json``, stamped with the stage's token, which the controller
+    reads whether or not the save then succeeds (harness/launch/torchrun.py ``calibrated_kinds``)."""
+    import os
+
+    from harness.jsonfile import write_json_atomic
+
+    write_json_atomic(Path(os.environ["HARNESS_STAGE_DIR"]) / "kinds" / f"rank{rank}.json",
+                      {"amax_kinds": kinds, "stage_token": os.environ.get("HARNESS_STAGE_TOKEN", "")})
 
 
 def record_saved_keys(rank: int, spec: StageSpec, keys: list[str]) -> dict:

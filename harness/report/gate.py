@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from harness.check.release import release
 from harness.fix import BUILT_WHEEL, JOB_CHANGE
 from harness.records import RunResults
 from harness.report import verdict as vd
@@ -38,11 +39,9 @@ def job_of(job_id: str) -> vd.Job:
 def pair_of_runs(runs: list[RunResults]) -> Pair | None:
     """The one (modelopt, megatron-core) pair the runs' cells imported; None for no cell at all.
     GateUsage for several: the gate judges the pair the job runs."""
-    from harness.machine import public_version
-
-    # a local build of a release is that release (machine.public_version): a run's ran cells
-    # record 0.19.2+<commit>, its skipped or interrupted ones the run's 0.19.2; one pair
-    pairs = sorted({Pair(public_version(c.modelopt), public_version(c.mcore))
+    # a local build of a release is that release (check/release.py): a run's ran cells record
+    # 0.19.2+<commit>, its skipped or interrupted ones the run's 0.19.2; one pair
+    pairs = sorted({Pair(release(c.modelopt), release(c.mcore))
                     for r in runs for c in vd.doc_records(r).values()}, key=lambda p: p.sort_key)
     if len(pairs) > 1:
         raise GateUsage(f"the gate judges one (modelopt, megatron-core) pair, the one the job "
@@ -239,7 +238,7 @@ def parse_pair(modelopt: str, mcore: str | None) -> Pair:
         except InvalidVersion:
             raise GateUsage(f"{flag} {v!r} is not a version (e.g. --modelopt 0.48.0rc1 --mcore "
                             f"{REFERENCE_MCORE})") from None
-    return Pair(modelopt, mcore)
+    return Pair(release(modelopt), release(mcore))  # the releases records name (check/release.py)
 
 
 def main_committed(job_id: str, modelopt: str, mcore: str | None, patched: bool,

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.check.refusals import SHAPE_REFUSAL_FINDING
+from harness.check.release import as_release
 from harness.check.results_file import read_results
 from harness.report.summary import cause
 from harness.report.jobs import (QUARANTINE, Job, Quarantine, by_kinds, file_recipe_kinds,  # noqa: F401
@@ -313,11 +314,11 @@ def judge_records(records: Mapping[str, Record], quarantine: Quarantine | None =
 
 
 def doc_records(doc: RunResults | Mapping[str, Any]) -> dict[str, CellRecord]:
-    """cell id -> record; records from before version-aware runs take the doc's modelopt, and a
-    record without a tier the doc's."""
+    """cell id -> record; records from before version-aware runs take the doc's modelopt; every
+    version read as its release (``0.19.2+<sha>`` is 0.19.2: harness/check/release.py)."""
     run = RunResults.of(doc)
-    return {c.cell_id: replace(c, modelopt=c.modelopt or run_modelopt(run), mcore=c.mcore or _mcore(run))
-            for c in run.cells}
+    return {c.cell_id: as_release(replace(c, modelopt=c.modelopt or run_modelopt(run),
+                                          mcore=c.mcore or _mcore(run))) for c in run.cells}
 
 
 def judge_doc(doc: RunResults | Mapping[str, Any], **kw) -> list[Verdict]:

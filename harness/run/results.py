@@ -6,12 +6,16 @@ import signal
 import time
 from pathlib import Path
 
+from harness.check.release import as_release
 from harness.jsonfile import write_json_atomic
 from harness.paths import RunDir
 from harness.records import UNEXPECTED_OUTCOMES, CellRecord, ProbeRecord, RunResults, check_record
 
 
 def write_record(record: CellRecord, path: Path) -> None:
+    """The one place a cell's record is written: its versions as their releases, the raw
+    strings beside them (harness/check/release.py)."""
+    record = as_release(record)
     write_json_atomic(path, check_record(CellRecord, record.as_dict(), str(path)), indent=2)
 
 
