@@ -22,7 +22,7 @@ def _torchrun(tmp_path, *args):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(script), *args]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": ""})
+                          env=os.environ.copy())  # the host's own packages; no checkout
     verdict = [l for l in done.stdout.splitlines() if l.startswith("REPRO:")]
     return done.returncode, (verdict or ["(no verdict)"])[-1], done.stdout + done.stderr
 
