@@ -1,4 +1,4 @@
-"""``make repro`` of two (or more) versions of the harness, side by side (issue 23).
+"""``make repro`` of two (or more) versions of the harness, side by side.
 
     python bench/repro_compare.py LOG [LOG ...]
     python bench/repro_compare.py --run OUT [--results-root DIR]

@@ -1,4 +1,4 @@
-"""Warm parents, controller side: ``HARNESS_STAGE_MODE=fork`` (issue 55).
+"""Warm parents, controller side: ``HARNESS_STAGE_MODE=fork``.
 
 Why: most of a cpu-tier stage is importing the stack. A warm parent (harness/rank/warm.py)
 imports it once per key and forks, per stage, a stage agent running torch's own elastic

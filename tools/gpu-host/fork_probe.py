@@ -1,4 +1,4 @@
-"""Which import of a GPU tier's fork preload leaves forked children unable to use CUDA (issue 55).
+"""Which import of a GPU tier's fork preload leaves forked children unable to use CUDA.
 
 For each module of the tier's ``fork_preload`` (harness/tiers.py), in order: import it, then fork
 a child that reports torch's bad-fork state and tries one CUDA allocation. Run once with and once

@@ -1,4 +1,4 @@
-"""Issue 42's probe: can N NCCL ranks share ONE GPU when each rank says it is its own host?
+"""Can N NCCL ranks share ONE GPU when each rank says it is its own host?
 
     torchrun --nproc-per-node N tools/gpu-host/nccl_probe.py hostid|control OUT.json
 

@@ -1,5 +1,5 @@
 """One rank (torchrun, world 1, tier gpu-shared, TE): a repaired golden loaded by the installed
-ModelOpt vs a model calibrated fresh from the same weights (issue 26, part 3b).
+ModelOpt vs a model calibrated fresh from the same weights (part 3b).
 
     torchrun --nproc-per-node 1 tools/gpu-host/repair_logits.py GOLDEN_DIR OUT_JSON
 

@@ -1,4 +1,4 @@
-"""One table of NCCL teardown after injected failures (issue 42 item 3), from the results.json
+"""One table of NCCL teardown after injected failures, from the results.json
 of each `run.sh nccl-teardown` run (one run per failure kind, cells at world 2, 4 and 8).
 
     python tools/gpu-host/teardown_table.py KIND=results.json [KIND=results.json ...]
