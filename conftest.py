@@ -240,7 +240,7 @@ CELL_MARGIN_S = 180
 def cell_timeout_s(cell) -> float:
     """The test's bound (pytest-timeout): its save and its load may each run to the scenario's
     stage timeout. Past it the controller itself is stuck: its stacks are printed, the test
-    fails and the run goes on (issue 51: a hang must not eat the CI job's 90 minutes)."""
+    fails and the run goes on (a hang must not eat the CI job's 90 minutes)."""
     stages = 1 if cell.load is None else 2
     return stages * cell.scenario.stage_timeout_s + CELL_MARGIN_S
 
@@ -307,7 +307,7 @@ def made_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session", autouse=True)
 def warm_parents_per_worker(tmp_path_factory):
-    """Issue 55: each fork-mode run (the cpu tier's default) would start a warm parent that
+    """Each fork-mode run (the cpu tier's default) would start a warm parent that
     imports the stack (6-10 core-seconds here) and close it at the run's end; this worker keeps
     them across its runs instead, in its own basetemp, outside every test's tmp_path (no test's
     process search finds them there), and closes them at the end. A test about a run's own

@@ -1,4 +1,4 @@
-"""Fresh torchrun vs warm pool vs ranks forked from a warm parent, in one run (issue 55).
+"""Fresh torchrun vs warm pool vs ranks forked from a warm parent, in one run.
 
     python bench/fork.py [--scenario cpu-reshard] [--cells 3] [--modes fresh,pool,fork]
 

@@ -1,4 +1,4 @@
-"""A process that hosts a TCPStore server and forks clients: how many children hang (issue 55).
+"""A process that hosts a TCPStore server and forks clients: how many children hang.
 
     python bench/fork_resolver.py [--rounds 10] [--children 4]
 

@@ -1,4 +1,4 @@
-"""Where a rank's import time goes (issue 14): ``python -X importtime`` of the stack a stage
+"""Where a rank's import time goes: ``python -X importtime`` of the stack a stage
 imports, summed by top-level package, in a fresh interpreter per repeat.
 
     python bench/import_profile.py [--repeats 3] [--concurrent 1] [--json FILE]

@@ -1,4 +1,4 @@
-"""Fresh torchrun per stage (the reference) against warm rank pools, side by side (issue 14).
+"""Fresh torchrun per stage (the reference) against warm rank pools, side by side.
 
     python bench/pool.py [--scenario cpu-reshard] [--cells 3] [--repeats 2] [--jobs 1] [--repro]
     python bench/pool.py --recorded FRESH/results.json POOL/results.json

@@ -1,4 +1,4 @@
-"""Time and peak memory of ``inspect`` and ``repair`` at the Nano QAD job's key count (issue 26).
+"""Time and peak memory of ``inspect`` and ``repair`` at the Nano QAD job's key count.
 
 Synthesizes (harness/golden/synthetic.py) a checkpoint of 23 MoE layers x 128 experts in a temp
 dir, in the 0.46-style shared layout and the 0.47 incomplete one (half the experts without a

@@ -1,4 +1,4 @@
-"""``make repro`` of two (or more) versions of the harness, side by side (issue 23).
+"""``make repro`` of two (or more) versions of the harness, side by side.
 
     python bench/repro_compare.py LOG [LOG ...]
     python bench/repro_compare.py --run OUT [--results-root DIR]
@@ -8,7 +8,7 @@ Each LOG is the output of one ``python -m harness repro`` with a last line ``wal
 ``--run`` makes them: one repro per side, one after the other, in TREE (a checkout, or an older
 commit unpacked by ``git archive``) with this interpreter and VAR=VALUE added to the
 environment, results under DIR/NAME (default OUT/results/NAME), log OUT/repro-NAME.log
-(tools/gpu-host/run.sh repro-compare on the GPU host; the cpu recipe in docs/benchmarks.md).
+(on the GPU host too, from a carried checkout; the cpu recipe in docs/benchmarks.md).
 Prints, per side, the
 harness clock ("repro finished in N s"), the wall and the results file; per cell, each side's
 outcome and stage walls; then whether every side has the same cells with the same outcome,

@@ -267,8 +267,7 @@ class CellRecord:
 # checkpoint's value. ``absent``: no rank's model has the buffer at all. The load ranks count
 # them (harness/rank/compare.py), the judge names them (harness/check/judge.py).
 # ``non-finite``: inf or nan where the checkpoint has a number; ``another-expert``: exactly the
-# value the checkpoint holds for another expert of the same layer and linear (issue 38 item 6:
-# a load that raises nothing, e.g. strictness log_all, must still name these).
+# value the checkpoint holds for another expert of the same layer and linear (a load that raises nothing, e.g. strictness log_all, must still name these).
 AMAX_STATES = ("absent", "placeholder-zero", "non-finite", "another-expert", "differs", "restored")
 # Those the judge names as a problem of their own, even when the load raised nothing.
 NAMED_AMAX_STATES = ("placeholder-zero", "non-finite", "another-expert")

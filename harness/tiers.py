@@ -28,7 +28,7 @@ class StageMode(StrEnum):
 
     FRESH = "fresh"  # a torchrun of its own (the reference)
     POOL = "pool"  # a job of a warm rank pool
-    FORK = "fork"  # ranks forked from a warm parent by torch's elastic launcher (issue 55)
+    FORK = "fork"  # ranks forked from a warm parent by torch's elastic launcher
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class TierFacts:
     cuda: bool
     gpu_per_rank: bool  # NCCL: one GPU per rank; else the ranks share the GPUs there are
     # The default stage mode (HARNESS_STAGE_MODE overrides): one shown to give the fresh mode's
-    # results cell for cell there (docs/benchmarks.md, "Stage startup"): fork on cpu (issue 55),
+    # results cell for cell there (docs/benchmarks.md, "Stage startup"): fork on cpu,
     # the pool on gpu-shared (fork is equivalent on make repro's six cells there but not shown
     # faster: its ranks import ModelOpt after the fork, docs/runs/20261207-0748-fork-on-gpu.md);
     # tier gpu keeps the reference until it is shown there.

@@ -12,9 +12,9 @@ EXPERT_AMAX_PART, STATIC_BLOCK_PART = "expert-amax", "static-block"
 UNLOADED_AMAX_PART = "unloaded-amax"
 PARTS = {
     EXPERT_AMAX_PART: "parts (a)-(e), per-expert amax across TP != ETP and through load_state_dict",
-    STATIC_BLOCK_PART: "part (f), static NVFP4 expert block amax across expert TP (issue 54)",
+    STATIC_BLOCK_PART: "part (f), static NVFP4 expert block amax across expert TP",
     UNLOADED_AMAX_PART: "part (g), the grouped post-restore's dry run on expert amax not yet "
-                        "loaded (integer recipes' device-side assert; issue 52)",
+                        "loaded (integer recipes' device-side assert)",
 }
 # Releases that have parts (a)-(e) themselves: ``apply()`` installs only these parts there.
 PARTS_ONLY_VERSIONS = {FIRST_FIXED: (STATIC_BLOCK_PART, UNLOADED_AMAX_PART)}

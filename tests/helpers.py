@@ -183,7 +183,7 @@ def make_checkpoints(root: Path, specs: dict[str, dict]) -> dict[str, Path]:
     name -> its directory. The golden one is written as ``<name>/ckpt`` (a golden's layout)."""
     import json
 
-    from harness.launch.warm import run_module_stage
+    from harness.launch.stages import run_module_stage
 
     out = {name: root / name / "ckpt" if name.startswith("golden/") else root / name for name in specs}
     spec = {"checkpoints": [{"out": str(out[name]), **s} for name, s in specs.items()]}

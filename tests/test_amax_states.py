@@ -1,4 +1,4 @@
-"""Issue 38 item 6: a loaded expert amax that is zero, non-finite or another expert's value is a
+"""A loaded expert amax that is zero, non-finite or another expert's value is a
 named failure even when the load raised nothing (dist-ckpt strictness log_all only logs a key
 the checkpoint lacks). The comparison runs on megatron-core's own ShardedTensors."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad inputs to the command line, its switches and its data files (issue 53): each is refused
+"""Bad inputs to the command line, its switches and its data files: each is refused
 with ONE line naming the option, variable or file and the constraint, and a non-zero exit; never
 a traceback, never silence.
 

@@ -1,5 +1,5 @@
 """Bad scenario files: each is refused with one line naming the file, the key and the constraint,
-and is skipped without hiding the good files (issue 15).
+and is skipped without hiding the good files.
 
 Why: a typo such as ``safes = [...]`` used to give a scenario with no cells, ``saves = "tp1"`` was
 read one character at a time, and one bad file (or one damaged golden) stopped the whole pytest
@@ -88,7 +88,7 @@ BAD = [  # id, file body, damage to the golden copy, words the one line must hol
     ("model-value", CPU + SAVES + '[model]\nnum_experts = "8"\n', None,
      ["model.num_experts: expected an integer, got string '8'"]),
     # megatron-core's and ModelOpt's own rules on (size, topology), refused before any rank runs
-    # (issue 40; the same rules against the packages: tests/test_size_rules_mcore.py)
+    # (the same rules against the packages: tests/test_size_rules_mcore.py)
     ("moe-ffn-vs-etp", CPU + 'saves = ["tp1-etp4-ep1"]\n[model]\nmoe_ffn_hidden_size = 66\n', None,
      ["saves[0]: topology tp1-etp4-ep1-pp1 cannot run", "moe_ffn_hidden_size 66 is not divisible by etp 4"]),
     ("heads-vs-tp", CPU + 'saves = ["tp4-etp1-ep1"]\n[model]\nnum_attention_heads = 6\nhidden_size = 96\n',

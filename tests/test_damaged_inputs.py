@@ -138,7 +138,7 @@ def test_empty_directory(tmp_path, capsys):
 
 def test_a_goldens_folder_hints_at_its_ckpt(tmp_path, capsys):
     """A golden's folder (``ckpt/`` + ``manifest.json``) is not the checkpoint: the one line
-    names the one inside (issue 40 item 6)."""
+    names the one inside."""
     rc, err = _inspect(GOLDEN.parent, capsys)
     assert rc == 2
     assert _one_line(err, "not a megatron-core").endswith(f"; did you mean {GOLDEN}?")

@@ -124,7 +124,7 @@ def test_mamba_comes_from_its_requirements_file(parsed):
 
 
 def test_installs_the_pinned_test_runner(parsed):
-    """The nightly image runs `make test-gpu`: it installs requirements/test.txt itself (issue 51:
+    """The nightly image runs `make test-gpu`: it installs requirements/test.txt itself (
     the NGC base's pytest 9.1.1 could not collect the suite), the same file the cpu venv uses."""
     assert ("COPY", "requirements/test.txt /tmp/requirements-test.txt") in parsed
     runs = [rest for w, rest in parsed if w == "RUN"]

@@ -102,7 +102,7 @@ def test_rejudged_compares_runs_recorded_under_different_rules(capsys):
     ("20261206-152801-nccl-cells.results.json", False)])  # witness: the collision, same key on both
 def test_the_nano_production_shape_gives_the_same_answer_on_nccl(capsys, nccl_run, differs_unrejudged):
     """Recorded: the Nano production shape (128 experts, 23 layers) on gloo ranks sharing an
-    H200 (2026-12-03) and on 8 NCCL ranks sharing an H100 (2026-12-06, issue 42 item 4)."""
+    H200 (2026-12-03) and on 8 NCCL ranks sharing an H100 (2026-12-06)."""
     gloo, nccl = (str(RUN.parent / f) for f in ("20261203-034324-shape-nano.results.json", nccl_run))
     assert main(["equivalence", "--outcomes-only", gloo, nccl]) == int(differs_unrejudged)
     capsys.readouterr()

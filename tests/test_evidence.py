@@ -1,5 +1,5 @@
 """docs/evidence.md and the README's generated tables are what the committed records give now
-(``python -m harness evidence``), and the README is a job owner's five-minute read (issue 53):
+(``python -m harness evidence``), and the README is a job owner's five-minute read:
 at most 8 KB, no run ids, every verdict it states the gate's answer on the committed records."""
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Issue 51, on the cpu tier: a stage passes only on evidence that every rank of its world ran
+"""On the cpu tier: a stage passes only on evidence that every rank of its world ran
 it, a save only when its checkpoint holds what its ranks said they wrote, and two controllers
 sharing one run directory (pytest-xdist workers) never share a warm pool.
 
-On the code before issue 51 each of these passed a stage that never ran: the second controller's
+On the code before this was mended each of these passed a stage that never ran: the second controller's
 save came back "ok in 0.0 s (0 ranks)" with no checkpoint, because both controllers' pools were
 named ``w2-cpu-none-1`` in the one run directory and the first pool's done files answered the
 second's job."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.launch.warm import run_module_stage
+from harness.launch.stages import run_module_stage
 from tests.rank_programs.legacy_load import full_weight
 
 

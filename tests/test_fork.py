@@ -1,4 +1,4 @@
-"""Stage mode fork (issue 55) without a stage: what the warm parent says about itself, and the
+"""Stage mode fork without a stage: what the warm parent says about itself, and the
 lines its stage agents write that the watcher reads. The stages themselves: tests/test_teardown.py
 (every failure kind in both modes), tests/test_interrupts.py, tests/test_pool_prestart.py."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The gate finds its own evidence (issue 53 item 2): ``verdict --job ID --gate --modelopt V
+"""The gate finds its own evidence: ``verdict --job ID --gate --modelopt V
 [--mcore V] [--patched]`` judges every committed record of that (nvidia-modelopt, megatron-core)
 pair. Expectations come from the records, read here with plain json, and from the verdict's rules
 (harness/report/verdict.py's docstring; each recorded cell re-judged by the one judge), never

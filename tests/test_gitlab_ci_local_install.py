@@ -1,4 +1,4 @@
-"""tools/gitlab-ci-local.sh installs gitlab-ci-local once, completely, or not at all (issue 23).
+"""tools/gitlab-ci-local.sh installs gitlab-ci-local once, completely, or not at all.
 
 The install counts only when `gitlab-ci-local --version` runs (then a stamp is written);
 concurrent callers (two xdist workers on a fresh clone) wait on a lock for that stamp; an

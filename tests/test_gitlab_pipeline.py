@@ -9,7 +9,7 @@ docs/ci.md), not from the tool's output:
 * the nightly schedule and "Run pipeline" (web): lint -> cpu-tests -> build-image -> gpu-tests
   and bug-witness on an 8-GPU runner -> report;
 * bug-witness may fail (it reproduces the upstream bug on purpose), nothing else may but the
-  manual unquarantine-gate of nightly pipelines (a closed gate is a decision, issue 40);
+  manual unquarantine-gate of nightly pipelines (a closed gate is a decision);
 * report always runs, with the test jobs' results.
 
 gitlab-ci-local 4.60.1 does not evaluate ``workflow:rules`` (which pipelines exist at all); it
@@ -39,11 +39,11 @@ if _prerequisites.returncode == MISSING_PREREQUISITE:  # no node/npm here: one r
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("gitlab-ci-local")]
 
 GPU_JOBS = {"build-image", "gpu-tests", "bug-witness"}
-NIGHTLY_CPU = {"cpu-slow-tests"}  # issue 23: `make test-slow` (-m slow), nightly and on demand
+NIGHTLY_CPU = {"cpu-slow-tests"}  # `make test-slow` (-m slow), nightly and on demand
 MR_JOBS = {"lint", "cpu-tests", "report"}
-GATE = {"unquarantine-gate"}  # issue 40: manual, on the nightly GPU jobs' results
+GATE = {"unquarantine-gate"}  # manual, on the nightly GPU jobs' results
 NIGHTLY_JOBS = MR_JOBS | GPU_JOBS | NIGHTLY_CPU | GATE
-SCHEDULE_ONLY = {"pairs-nightly"}  # issue 24: the pinned pair and the newest releases
+SCHEDULE_ONLY = {"pairs-nightly"}  # the pinned pair and the newest releases
 STAGE = {"lint": "lint", "cpu-tests": "cpu", "cpu-slow-tests": "cpu", "build-image": "gpu", "gpu-tests": "gpu",
          "bug-witness": "gpu", "report": "report", "pairs-nightly": "gpu", "unquarantine-gate": "report"}
 

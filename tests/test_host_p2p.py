@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.launch.warm import run_module_stage
+from harness.launch.stages import run_module_stage
 
 pytestmark = pytest.mark.cpu
 

@@ -1,4 +1,4 @@
-"""Interrupts and concurrent runs of the real CLI on the cpu tier (issue 15).
+"""Interrupts and concurrent runs of the real CLI on the cpu tier.
 
 Ctrl-C (SIGINT) or a CI cancel (SIGTERM) must tear every stage down in seconds, record the
 cells as ``interrupted`` (never a product failure) in a results.json marked incomplete, and

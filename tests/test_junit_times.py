@@ -1,5 +1,5 @@
 """bench/junit_times.py --compare: two JUnit files side by side per test file, with after/before
-(the issue-41 figures in docs/benchmarks.md come from it). In-process, on small JUnit files."""
+(the `make test` timing figures in docs/benchmarks.md come from it). In-process, on small JUnit files."""
 from __future__ import annotations
 
 import gzip

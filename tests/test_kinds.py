@@ -1,4 +1,4 @@
-"""Kinds, not names (issue 52 items 1, 6 and 7): a cell is judged by the pair's rule for each
+"""Kinds, not names: a cell is judged by the pair's rule for each
 (amax kind, module family) its save recorded, each family split as megatron-core splits it; the
 recipe catalogue is a forecast, checked against the record; the decision is made once per cell.
 

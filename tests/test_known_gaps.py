@@ -1,4 +1,4 @@
-"""A scenario written from the docs (issue 40 item 6): docs/scenarios.md's example is a valid scenario,
+"""A scenario written from the docs: docs/scenarios.md's example is a valid scenario,
 and a cpu scenario without ``known_gaps`` is judged with the local backend's own gap
 (harness/check/gaps.py), so its reloads do not fail on the LayerNorm input-quantizer amax that
 ModelOpt 0.47.0 does not restore. Judged by the one judge on stage results, no stage run.

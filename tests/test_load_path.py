@@ -1,4 +1,4 @@
-"""Issue 38 item 6: loads as the jobs load. megatron-core's StrictHandling (Megatron-LM's
+"""Loads as the jobs load. megatron-core's StrictHandling (Megatron-LM's
 --dist-ckpt-strictness; Nano QAD reloads with log_all) and Megatron-LM's non-strict retry of
 ``load_state_dict``, through harness.model.checkpoint on a real gloo rank: what the jobs' path
 only logs or retries must land in the load's notes (the record's verify.load_warnings)."""

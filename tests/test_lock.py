@@ -1,4 +1,4 @@
-"""The lock files tools/bootstrap-venv.sh installs (issue 55 item 5): every version exact and
+"""The lock files tools/bootstrap-venv.sh installs: every version exact and
 every file hashed, each lock no older than its inputs, and the bootstrap reading only locks.
 
 Cheap: reads files, imports nothing of the stack. `make lock` (tools/lock.sh) regenerates the

@@ -1,4 +1,4 @@
-"""The logits criterion (harness/check/logits.py, issue 25), cpu tier, no model needed.
+"""The logits criterion (harness/check/logits.py), cpu tier, no model needed.
 
 Expectations: the rule in that module's docstring (asserted: the loaded model against the saved
 state written into a model at the load topology, exact; reported: the cross-topology figure
@@ -84,7 +84,7 @@ def test_any_difference_at_the_load_topology_fails(ref, at_load_rel):
 
 @pytest.mark.cpu
 def test_noise_floor_decides_the_topology_finding_not_the_outcome(ref):
-    """Issue 25's figure (0.137 rel, 2 flips) within a floor of bf16 rounding at both topologies
+    """The recorded cross-topology figure (0.137 rel, 2 flips) within a floor of bf16 rounding at both topologies
     is noise; beyond it (fp32 forwards disagree) it is a finding, never a checkpoint failure."""
     d, logits = ref
     _write(d, logits, _routing())
@@ -113,7 +113,7 @@ def test_without_a_noise_floor_the_cross_topology_figure_is_unjudged(ref):
 
 @pytest.mark.cpu
 def test_records_without_a_load_topology_figure_assert_no_logits():
-    """Recorded before issue 25 with the default reference: the state comparison is the
+    """Recorded before logits were split into asserted and reported, with the default reference: the state comparison is the
     checkpoint evidence; the old judged keys (logits_ok False) are dropped, not trusted."""
     doc = json.loads((RUNS / "20261202-151428-routing.results.json").read_text())
     cell = next(c for c in doc["cells"] if c["cell_id"] == "gpu-fix[save=tp1-etp1-ep8-pp1,load=tp4-etp1-ep8-pp1]")

@@ -1,7 +1,7 @@
 """megatron-core's pure-Python pieces run from its installed source (harness/topology/
 mcore_source.py): the same rank layout and StrictHandling values as the imported modules, and
 the read-only commands (``verdict``, the gate) start without importing torch or megatron-core,
-which cost each of them 3-6 s on the 2-core machine (issue 55)."""
+which cost each of them 3-6 s on the 2-core machine."""
 from __future__ import annotations
 
 import sys

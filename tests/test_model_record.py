@@ -1,4 +1,4 @@
-"""Every record says what model ran (issue 52 item 5, in part): its kind, sizes and modules, and
+"""Every record says what model ran: its kind, sizes and modules, and
 the quantizer amax keys its checkpoint holds per module family (MTP layers' apart); the verdict
 refuses a job's evidence whose recorded model is not the one the job profile's scenario builds.
 

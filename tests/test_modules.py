@@ -1,4 +1,4 @@
-"""The Nemotron-3 modules as [model] keys (harness/model/modules.py, issue 38 item 2).
+"""The Nemotron-3 modules as [model] keys (harness/model/modules.py).
 
 Why: the quarantined jobs checkpoint shared experts, a sigmoid router's expert_bias and MTP
 layers that the plain GPT MoE does not have. The cpu tier builds the local-spec ones for real on

@@ -1,4 +1,4 @@
-"""MTP at pipeline depth > 1 (issue 52 item 4): the model's position embedding is a scenario's
+"""MTP at pipeline depth > 1: the model's position embedding is a scenario's
 choice, every record names it, and megatron-core's own refusal of a learned absolute one at
 pp > 1 with MTP is a rule of its own (harness/check/versions.py MTP_POSITION_EMBEDDING), judged
 ``known-refusal``, never ``unexpected-failure`` and never the collision.

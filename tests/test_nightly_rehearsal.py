@@ -1,4 +1,4 @@
-"""The nightly GPU job's path, rehearsed on the cpu tier in every `make test` (issue 51).
+"""The nightly GPU job's path, rehearsed on the cpu tier in every `make test`.
 
 `make test-gpu` runs scenario cells under pytest-xdist with ``--dist loadgroup``: every worker
 shares the controller's run directory, each save's cells go to one worker, and each worker

@@ -1,4 +1,4 @@
-"""Warm rank pools (HARNESS_STAGE_MODE=pool, issue 14) against the fresh torchrun per stage,
+"""Warm rank pools (HARNESS_STAGE_MODE=pool) against the fresh torchrun per stage,
 on the cpu tier with the real stack: the same records, a failure stays in its stage and kills
 only its pool, a timeout kills the pool in bounded time, and no pool process outlives a run."""
 from __future__ import annotations

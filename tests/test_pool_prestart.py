@@ -1,4 +1,4 @@
-"""Pools started ahead of their stages (make repro's save wave, issue 23) on the cpu tier with
+"""Pools started ahead of their stages (make repro's save wave) on the cpu tier with
 the real stack: make repro's flow starts the save pool before its checks, the stages take it
 (no second start) with the fresh records, the preload shows as the first stage's ``preload``
 phase and the phases still add up to the stage wall; and a rank refuses the packages
@@ -28,7 +28,7 @@ def test_repro_flow_prestarts_the_save_pool_that_serves_the_save_and_its_load(tm
     """make repro's GPU flow (run/repro.py), cpu-tier cells standing in for its GPU cells, against
     the fresh torchrun per stage: the smallest pool-mode equivalence (tests/test_pool.py has the
     4-cell one under -m slow) and the prestart in one run, so the fresh reference and the pool
-    are paid for once (fork mode, issue 55, is compared against the same reference at the end).
+    are paid for once (fork mode is compared against the same reference at the end).
     Equal records; the pool started before the controller's checks serves
     the save and its load (one start for two stages, none in fresh mode), a variable the checks
     set (as a controller's CUDA init may) does not keep the stages off it; the preload is the
@@ -78,7 +78,7 @@ def test_repro_flow_prestarts_the_save_pool_that_serves_the_save_and_its_load(tm
     assert "load.preload" not in load and load["load.start"] < 0.5 * d["save.preload"], load
     assert pool_processes(tmp_path) == []
 
-    # fork mode (issue 55) against the same fresh reference: equal records, one warm parent
+    # fork mode against the same fresh reference: equal records, one warm parent
     # for both stages (no torchrun), nothing of it left after the run
     monkeypatch.setenv("HARNESS_STAGE_MODE", "fork")
     forked = run_cells(cells, tmp_path / "fork", "fork", jobs=1)

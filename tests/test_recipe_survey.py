@@ -1,4 +1,4 @@
-"""The whole library (issue 52 item 2): `python -m harness recipes` enumerates what the installed
+"""The whole library: `python -m harness recipes` enumerates what the installed
 ModelOpt ships (never a hand-kept list), forecasts each recipe's amax kinds per module family from
 its configuration through ModelOpt's own matching, and a recipe ModelOpt refuses is
 `not-quantizable`, carrying ModelOpt's exception, never `rule-unknown` or `unexpected-failure`.
@@ -78,7 +78,7 @@ def test_the_table_says_what_was_derived_where_and_which_rule_is_missing():
     row = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| mtq:")}
     assert "calibrated: as forecast" in row["mtq:A_CFG"] and row["mtq:A_CFG"].endswith("| every kind |")
     assert "not-quantizable: AttributeError" in row["mtq:B_CFG"]
-    # the per-block experts' rule, its ETP change decided on the GPU (issue 52 item 3)
+    # the per-block experts' rule, its ETP change decided on the GPU
     assert row["mtq:B_CFG"].endswith("| every kind |")
     assert "needs a GPU" in row["mtq:C_CFG"] and "not-quantizable" not in row["mtq:C_CFG"]
     assert "TE grouped experts" in text and "Distinct kind sets: 3" in text

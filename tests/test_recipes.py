@@ -1,4 +1,4 @@
-"""The recipe axis (issue 38): a scenario names its recipe, a bad name is one line, the catalogue
+"""The recipe axis: a scenario names its recipe, a bad name is one line, the catalogue
 of amax kinds matches what ModelOpt's own recipe files make, and a recipe or kind with no rule
 predicts nothing.
 
@@ -168,7 +168,7 @@ def test_a_static_recipe_on_the_cpu_tier_is_refused_before_any_rank(tmp_path):
     assert "not cpu" in str(err)
 
 
-# --- issue 54: the fix's opt-in part (f), asked for by a scenario's fix_parts -----------------------
+# --- the fix's opt-in part (f), asked for by a scenario's fix_parts -----------------------
 PART_F = "static-block"  # moe_ckpt_fix UNPROVEN_PARTS / STATIC_BLOCK_PART
 
 

@@ -1,4 +1,4 @@
-"""The record types validate every record and generate their docs (issue 52 item 5).
+"""The record types validate every record and generate their docs.
 
 Why: a results.json, stage.json or manifest.json with a wrong field used to surface as a
 traceback deep in the judge, and docs/records.md and the manifest's schema file drifted from

@@ -1,7 +1,7 @@
-"""Re-judging the committed GPU runs (issue 25 item 5) and the one judge (item 4), cpu tier.
+"""Re-judging the committed GPU runs and the one judge, cpu tier.
 
-Expectations: the list in docs/rejudge-issue25.md (which cells change and to what), and the
-issue's recorded case (state bit-exact, cross-topology 0.137 rel, 2 routing flips under
+Expectations: the lists in docs/runs/rejudge-*.md (which cells change and to what), and the
+the recorded case (state bit-exact, cross-topology 0.137 rel, 2 routing flips under
 0.48.0rc1 unpatched), judged by harness/check/judge.py judge_cell.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from harness.report.equivalence import outcome_changes
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "tests" / "data" / "runs"
-LISTS = sorted((ROOT / "docs").glob("rejudge-issue*.md"))  # one per rule change
+LISTS = sorted((ROOT / "docs" / "runs").glob("rejudge-*.md"))  # one per rule change
 ROW = re.compile(r"^\| (\S+) \| `([^`]+)` \| (\S+) \| (\S+) \| (.*) \|$")
 
 pytestmark = pytest.mark.cpu
@@ -31,8 +31,8 @@ def _listed() -> dict:
 
 def test_rejudging_every_committed_run_changes_exactly_the_listed_cells():
     listed = _listed()
-    # issue 25: logits rule; 24: unreadable goldens; 38: static amax; 52: the restore dry run,
-    # then the GPU-decided integer and dense static reshard rules
+    # the logits rule, unreadable goldens, static amax, the restore dry run, then the
+    # GPU-decided integer and dense static reshard rules
     assert len(listed) == 24 + 12 + 8 + 16 + 9
     got = {}
     for path in sorted(RUNS.glob("*.results.json")):
@@ -83,7 +83,7 @@ def _judged(verify: dict) -> CellRecord:
     return judge.judge_cell(rec, cell.plan, *_stages(verify))
 
 
-def test_issue_25_cell_passes_on_its_bit_exact_state():
+def test_the_routing_flip_cell_passes_on_its_bit_exact_state():
     rec = _judged(_verify(0.0))
     assert rec.expected == "pass" and rec.outcome == "pass", rec.message
     assert rec.verify["cross_topology"]["rel_diff"] == 0.137 and rec.finding is None

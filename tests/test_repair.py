@@ -1,4 +1,4 @@
-"""``python -m harness repair`` and the per-pair forecast of ``inspect`` (issue 26), cpu tier.
+"""``python -m harness repair`` and the per-pair forecast of ``inspect``, cpu tier.
 
 The rules checked come from the files and the releases' sources, not from repair's own output:
 ModelOpt's max calibration stored max|W_e| in every amax of the complete 0.47.0 golden (so a
@@ -249,7 +249,7 @@ def test_dry_run_writes_nothing(goldens, tmp_path, capsys):
 @pytest.mark.cpu
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_a_complete_checkpoint_is_nothing_to_repair_and_no_dst(goldens, tmp_path, capsys, dry_run):
-    """The complete 0.47.0 golden needs nothing: one line, exit 0, no copy written (issue 40)."""
+    """The complete 0.47.0 golden needs nothing: one line, exit 0, no copy written."""
     before = _tree_hash(goldens[B] / "ckpt")
     assert repair.main(_args(goldens[B] / "ckpt", tmp_path / "dst", dry_run=dry_run)) == 0
     out, err = capsys.readouterr()

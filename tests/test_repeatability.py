@@ -1,4 +1,4 @@
-"""Three runs of the cpu-tier grid give identical records (issue 15): same outcome, exception,
+"""Three runs of the cpu-tier grid give identical records: same outcome, exception,
 failing key and verify figures; only measurements (times, memory) may differ. The rule is the
 equivalence check's (harness/report/equivalence.py), so a field added to the records is judged
 once. Slow (about 3 x the grid): not in CI."""

@@ -1,5 +1,5 @@
 """bench/repro_compare.py, which puts `make repro` of several harness trees side by side (the
-GPU figures of issue 23 and the trimmed rank profile): it runs each side in its own tree with its
+GPU figures of the faster repro and the trimmed rank profile): it runs each side in its own tree with its
 own environment, reads the harness clock and the wall, and exits 1 when the outcomes differ.
 The trees here are stand-ins whose `python -m harness ... repro` writes a results file."""
 from __future__ import annotations

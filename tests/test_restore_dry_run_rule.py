@@ -1,4 +1,4 @@
-"""ModelOpt's restore dry run on integer expert amax nothing has loaded yet (issue 52 item 3): the
+"""ModelOpt's restore dry run on integer expert amax nothing has loaded yet: the
 rule (harness/check/versions.py RESTORE_DRY_RUN), the expectation ``restore-dry-run`` and its
 judging, cpu tier.
 

@@ -1,4 +1,4 @@
-"""The randomized sampler (harness/scenario/sample.py, issue 25 item 3), cpu tier, no ranks.
+"""The randomized sampler (harness/scenario/sample.py), cpu tier, no ranks.
 
 Expectations: the issue's constraints (experts 8-128, ETP <= 4, PP <= 2, a rank budget, none of
 the committed grid's cells, the same seed the same cells) and the topology rules of

@@ -1,4 +1,4 @@
-"""Issue 42 item 2: NCCL ranks sharing GPUs only when a scenario asks (``shared_gpu_nccl``), said
+"""NCCL ranks sharing GPUs only when a scenario asks (``shared_gpu_nccl``), said
 in the record, refused with one line where it cannot run. The NCCL probe behind it ran on a GPU
 (docs/runs/20261206-0354-recipes.md); here, cpu tier, the planning and the rank's settings."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """tools/gpu-host/stage-mamba.sh --built: the wheels a lease compiled come back in 15 MiB parts
-(run.sh mamba-wheels; 16 MiB is the most a file may be) and are joined here, byte for byte, or
+(run.sh mamba; 16 MiB is the most a file may be) and are joined here, byte for byte, or
 refused in one line when a part is missing."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _wheel(path: Path, mib: int) -> bytes:
 
 
 def _came_back(tmp_path: Path) -> tuple[Path, bytes]:
-    """What run.sh mamba-wheels leaves in $OUT: small wheels whole, large ones as .partNN."""
+    """What run.sh mamba leaves in $OUT: small wheels whole, large ones as .partNN."""
     out = tmp_path / "out"
     out.mkdir()
     _wheel(out / "causal_conv1d-1.7.0-cp312-cp312-linux_x86_64.whl", 1)

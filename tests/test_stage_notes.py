@@ -69,7 +69,7 @@ def test_the_peaks_scope_is_kept_as_a_word_not_summed():
 
 
 def test_a_stage_reports_its_own_host_peak_not_its_predecessors():
-    """Issue 55: a warm pool rank runs stage after stage; getrusage's peak is its whole life's.
+    """A warm pool rank runs stage after stage; getrusage's peak is its whole life's.
     After reset_peak_memory (rank/serve.py, before every stage but the first) the peak is the
     stage's own: 300 MiB touched before the reset are not in it."""
     from harness.rank.setup import peak_memory, reset_peak_memory

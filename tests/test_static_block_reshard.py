@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.launch.warm import run_module_stage
+from harness.launch.stages import run_module_stage
 from harness.topology.coords import rank_coords
 from harness.topology.topology import Topology
 from tests.rank_programs import static_block_reshard as prog

@@ -111,7 +111,7 @@ def test_safe_when_bug_no_longer_reproduces():
     recs += [_record(c.id, "pass") for c in fix]
     # a pair with a rule (0.47.0 + 0.19.2) whose witness stops failing: the bug is gone. An
     # unknown release is RULE UNKNOWN instead (test_a_pair_without_a_rule_...): never judged
-    # by 0.47.0's rule (issue 24).
+    # by 0.47.0's rule.
     assert _by_job(verdict.judge_doc(_doc(recs, "0.47.0")))[ULTRA].word == verdict.SAFE
     # Nano: its save-only witness cell was expected to pass anyway.
     witness, fix = _evidence_ids(NANO)
@@ -121,7 +121,7 @@ def test_safe_when_bug_no_longer_reproduces():
 
 
 def test_a_pass_where_the_collision_was_expected_without_evidence_is_not_safe():
-    """Issue 51: a save that "passed" with no rank behind it was judged unexpected-pass and the
+    """A save that "passed" with no rank behind it was judged unexpected-pass and the
     jobs candidates for un-quarantine. Without what the ranks reported (every rank, at the
     cell's topology, validation on, expert amax saved) such a pass is a failure of the run."""
     witness, fix = _evidence_ids(ULTRA)
@@ -207,7 +207,7 @@ def test_a_gate_with_no_results_and_no_gpu_is_one_line(tmp_path, capsys):
 def _no_evidence_line(out: str, files: int = 0) -> None:
     """One line pointing at the committed evidence (a page that exists, the gate that finds the
     records itself); a GPU host is named only when nothing was given: results files given that
-    hold none of the jobs' cells came from a GPU host already (issue 53)."""
+    hold none of the jobs' cells came from a GPU host already."""
     lines = out.splitlines()
     assert len(lines) == 1, out
     line = lines[0]
@@ -380,7 +380,7 @@ def test_gate_usage_errors_are_exit_2_and_name_the_known_jobs():
 
 def test_recorded_logits_failure_is_rejudged_under_the_current_rule():
     """The H200 Nano cell failed the whole-batch logits check at the save topology with every
-    tensor bit-exact; under today's rule (issue 25) that comparison is the cross-topology figure,
+    tensor bit-exact; under today's rule that comparison is the cross-topology figure,
     reported, not asserted: re-judged pass, with or without its routing figures, and the note
     says so."""
     routing = json.loads((RUNS / "20261202-151428-routing.results.json").read_text())

@@ -1,4 +1,4 @@
-"""A job owner's own recipe file (issue 52 item 7): ``verdict --quarantine FILE`` with a job whose
+"""A job owner's own recipe file: ``verdict --quarantine FILE`` with a job whose
 recipe is ``file:...`` decides from the amax kinds the file makes, like any shipped recipe.
 
 The job here is the shipped Ultra job (scenarios/quarantine.toml: its shapes, reload grid and

@@ -58,7 +58,6 @@ NOT_THE_WORD = {
     ("harness/cli.py", "golden"): "a command of `python -m harness`",
     ("harness/cli.py", "verify"): "the `golden verify` command",
     ("harness/paths.py", "golden"): "the folder of the committed goldens (tests/golden)",
-    ("tools/gpu-host/repair_logits.py", "golden"): "a field of the script's report",
     ("harness/report/matrix_table.py", "fix"): "the matrix column of the patched cells",
     ("harness/report/verdict_words.py", "fix", 'FIX = "fix"'): "the verdict's role of the patched cells",
 }

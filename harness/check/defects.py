@@ -80,7 +80,7 @@ class ModelDefect:
         return bool(mtp_num_layers) and position_embedding == "learned_absolute" and topo.pp > 1
 
 
-# MTP at pipeline depth > 1 with a learned absolute position embedding (issue 52 item 4). Read in
+# MTP at pipeline depth > 1 with a learned absolute position embedding. Read in
 # megatron-core 0.19.2 (paths under megatron/core/): without a pipeline layout the MTP block sits
 # on the last stage (transformer/multi_token_prediction.py:651-656), which at pp > 1 is not the
 # first; GPTModel builds that stage its own LanguageModelEmbedding (models/gpt/gpt_model.py:
@@ -153,7 +153,7 @@ class RestoreDefect:
         return any(t in (message or "") for t in self.texts)
 
 
-# ModelOpt's grouped post-restore dry run on amax that torch.empty made (issue 52 item 3; the
+# ModelOpt's grouped post-restore dry run on amax that torch.empty made (the
 # fix's part (g), moe_ckpt_fix/unloaded_amax.py). Read in nvidia-modelopt 0.47.0 and 0.48.0rc1
 # (paths under modelopt/torch/): the restore makes each quantizer buffer with torch.empty
 # (quantization/nn/modules/tensor_quantizer.py _reset_pytorch_state_from_metadata, 0.47.0 :1361,

@@ -172,8 +172,8 @@ def dense_static_block_rule() -> KindRule:
                     checked_on=_DENSE_STATIC_CHECKED)
 
 
-# --- per-channel, per-block and no-amax (issue 52 item 3): read from the sources only ------------
-# (checked_on ""; tools/gpu-host/queues/next-issue52-kinds.txt runs the cells that check them).
+# --- per-channel, per-block and no-amax: read from the sources only --------------------------------
+# (checked_on ""; tools/gpu-host/queues/amax-kinds.txt runs the cells that check them).
 # Paths are of the installed 0.47.0 (modelopt/torch/quantization/...) and of the 0.48.0rc1 wheel;
 # megatron-core 0.19.2 (megatron/core/...).
 # Decided on the GPU (one H100, tier gpu-shared, megatron-core 0.19.2, 2026-12-06 23:40, the

@@ -1,7 +1,7 @@
 """The logits criterion: judges the figures harness/rank/logits.py measured (why these numbers:
 that module's docstring). Pure: dicts in, dicts out, so recorded runs can be judged again.
 
-Two questions, kept apart (issue 25):
+Two questions, kept apart:
 
 - What the checkpoint did (ASSERTED): does the loaded model compute what the saved state
   computes at the load topology? The loaded model's logits against the same model with the
@@ -14,7 +14,7 @@ Two questions, kept apart (issue 25):
   topology and at the load topology (``cross_topology``, from ``logits_plain``: the loaded
   model against the checkpoint's logits at the save topology). A different TP/EP split reduces
   in another order; in bf16 that moves logits, and top-k near-ties turn it into routing flips
-  that cascade through MoE layers (0.137 rel at 4 layers x 64 experts, issue 25). It is judged
+  that cascade through MoE layers (0.137 rel at 4 layers x 64 experts, docs/findings.md). It is judged
   only against a noise floor measured in the same cell (``noise_floor``): the bf16 rounding of
   the forward at each topology, i.e. how far each bf16 forward is from the fp32 forward of the
   same state there. By the triangle inequality the cross-topology difference can exceed that
@@ -27,9 +27,9 @@ from __future__ import annotations
 from harness.tiers import facts, on_cuda
 
 # fp32 rounding of the whole forward across splits (the cpu tier's measured cross-topology
-# figures are <= 2e-6 relative; 1e-4 was this harness's fp32 tolerance before issue 25).
+# figures are <= 2e-6 relative; 1e-4 was this harness's fp32 tolerance before logits were split into asserted and reported).
 FP32_ROUNDING = 1e-4
-# ``logits_reference`` of a scenario: kept so older scenario files read. Since issue 25 every
+# ``logits_reference`` of a scenario: kept so older scenario files read. Since the split every
 # load cell asserts the load-topology figure and reports the cross-topology one, whichever is set.
 LOGITS_REFERENCES = ("save-topology", "load-topology")
 # Keys this module writes into a verify dict; re-judging drops the old ones first.
@@ -39,7 +39,7 @@ JUDGED_KEYS = ("logits_rel_diff", "logits_tolerance", "logits_ok", "routing_flip
 
 def judge_logits(figures: dict, tier: str) -> dict:
     """The asserted load-topology figure and the reported cross-topology one, from the rank's
-    measurements. A record without a load-topology figure (recorded before issue 25 with the
+    measurements. A record without a load-topology figure (recorded before the split, with the
     default reference) asserts no logits: the state comparison is its checkpoint evidence."""
     out: dict = {"cross_topology": cross_topology(figures, tier)}
     at_load = figures.get("logits_at_load_topology")

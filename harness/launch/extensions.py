@@ -80,7 +80,7 @@ def warm_up(timeout_s: float = WARM_UP_TIMEOUT_S) -> str:
 # Other ModelOpt extensions a recipe may build at its first fake quant, by the name
 # PRECOMPILE_VAR gives them (comma-separated; default none): per-channel / per-block integer
 # recipes (INT8, INT4 blockwise) use modelopt_cuda_ext (tensor_quant.py fake_quant_impl), MX
-# formats other than FP4 use modelopt_cuda_ext_mx (issue 52 item 3's scenarios).
+# formats other than FP4 use modelopt_cuda_ext_mx (the integer and MX recipes' scenarios).
 PRECOMPILE_VAR = "HARNESS_PRECOMPILE_EXTENSIONS"
 EXTRA_EXTENSIONS = {"base": "get_cuda_ext", "mx": "get_cuda_ext_mx"}
 

@@ -1,7 +1,7 @@
 """Warm rank pool, controller side: consecutive stages of one world size in one torchrun.
 
 Why: a fresh torchrun per stage spends about half of a cpu-tier stage importing torch,
-megatron-core and ModelOpt (issue 14). ``HARNESS_STAGE_MODE=pool`` keeps one torchrun of N
+megatron-core and ModelOpt. ``HARNESS_STAGE_MODE=pool`` keeps one torchrun of N
 ranks (harness/rank/serve.py) per key and hands it stage after stage. The fresh torchrun stays
 the default and the reference. A pool stage is watched by the same code as a fresh one
 (torchrun.supervise: error files, rank deaths, timeout with stack dumps, the shutdown signal)
@@ -246,7 +246,7 @@ class PoolSet:
         """A pool in a directory no other pool gets, whatever process asks: pytest-xdist workers
         share one run directory, each with a PoolSet counting from 1 (two workers once ran
         their stages on one pool directory, and a stage whose jobs another pool's ranks
-        answered passed with 0 ranks: issue 51)."""
+        answered passed with 0 ranks)."""
         self.started += 1
         stem = f"w{key.world}-{key.tier}-{key.patch}-p{os.getpid()}-{self.started}"
         return RankPool(key, RunDir(Path(key.root)).new_pool(stem))

@@ -1,4 +1,4 @@
-"""Warm parents, controller side: ``HARNESS_STAGE_MODE=fork`` (issue 55).
+"""Warm parents, controller side: ``HARNESS_STAGE_MODE=fork``.
 
 Why: most of a cpu-tier stage is importing the stack. A warm parent (harness/rank/warm.py)
 imports it once per key and forks, per stage, a stage agent running torch's own elastic
@@ -35,15 +35,14 @@ import psutil
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.command import make_stage_dirs, new_stage_token, stage_env
 from harness.launch.nodes import rendezvous_port
-from harness.launch.pool import STOP_WAIT_S, PoolKey, kill_session, pool_processes, stage_mode
+from harness.launch.pool import STOP_WAIT_S, PoolKey, kill_session
 from harness.launch.signals import shutdown_signal
-from harness.launch.teardown import POLL_S, end_session, kill_and_wait
+from harness.launch.teardown import POLL_S
 from harness.launch.torchrun import StageRun, not_started, run_stage, supervise
 from harness.paths import REPO_ROOT, RunDir
 from harness.rank.guard import stack_file_pids
 from harness.rank.warm import NVML_CHECK
-from harness.records import Patch
-from harness.tiers import Backend, StageMode, Tier, facts
+from harness.tiers import facts
 
 
 def parent_key(tier: str, patch: str, backend: str, root: Path, extra_env: dict | None = None) -> PoolKey:
@@ -291,20 +290,3 @@ class WarmParents:
 WARM = WarmParents()
 atexit.register(WARM.close_all)
 
-
-def run_module_stage(stage: str, stage_dir: Path, nproc: int, rank_args: list[str], timeout_s: float,
-                     rank_module: str = "harness.rank", *, root: Path | None = None,
-                     env: dict | None = None, tier: str = Tier.CPU, patch: str = Patch.NONE, backend: str = Backend.LOCAL,
-                     **kw) -> StageRun:
-    """A stage of ``rank_module`` started as ``tier`` starts its stages: the ranks forked from
-    the warm parent of (tier, patch, backend, env) where the tier's mode is fork, else a fresh
-    torchrun. A warm rank pool serves only cells' stages (run/cell.py asks it first); a stage
-    that is no cell's (a validation probe, a test's rank program) takes the defaults: the cpu
-    tier's parent without the fix. ``root``: the run directory whose ``pools/`` holds the
-    parent (default: the stage directory's parent)."""
-    if stage_mode(tier) != StageMode.FORK:
-        return run_stage(stage, stage_dir, nproc, rank_args, timeout_s, env, rank_module=rank_module,
-                         **kw)
-    key = parent_key(tier, patch, backend, Path(root or Path(stage_dir).parent), env)
-    return WARM.run(key, stage, stage_dir, nproc, rank_args, timeout_s, env, rank_module=rank_module,
-                    **kw)

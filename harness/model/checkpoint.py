@@ -47,7 +47,7 @@ def strictness_values() -> tuple[str, ...]:
 
     The enum is run from the installed source (harness/topology/mcore_source.py), not imported:
     every command that reads the scenarios checks a scenario's strictness, and importing
-    megatron.core would cost the read-only ones (``verdict``, the gate) 3-6 s each (issue 55)."""
+    megatron.core would cost the read-only ones (``verdict``, the gate) 3-6 s each."""
     from harness.topology import mcore_source
 
     found = mcore_source.definitions("dist_checkpointing.validation", ("StrictHandling",))

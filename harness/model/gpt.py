@@ -11,7 +11,7 @@ experts, sigmoid router with expert bias, MTP, latent MoE, the hybrid Mamba mode
 
 torch is imported by the functions that build or run the model, not here: ``ModelSize`` is read
 by the controller's read-only commands (``verdict``, the gate), which then start in a fraction
-of a second instead of paying torch's import (about 1 s, issue 55).
+of a second instead of paying torch's import (about 1 s).
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ _BUILTIN_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 # The amax kinds a recipe's weight quantizers store, per module family: the words the save
 # stage records (harness/model/quant.py) and the catalogue uses (harness/check/recipes.py).
 SCALAR, STATIC_BLOCK = "scalar", "static-block"
-# Kinds whose rules are from source reading only (issue 52 item 3, harness/check/versions.py):
+# Kinds whose rules are from source reading only (harness/check/kinds.py):
 # static blocks of another format (INT4 AWQ, blockwise weight-only: a per-block _amax, no
 # _global_amax), a per-channel axis, MX blocks (e8m0 scales computed at run time, no amax).
 PER_BLOCK, PER_CHANNEL, NO_AMAX = "per-block", "per-channel", "no-amax"

@@ -1,4 +1,4 @@
-"""The fork-mode stage agent's store, and the forked ranks' first step (issue 55).
+"""The fork-mode stage agent's store, and the forked ranks' first step.
 
 Why: torch's elastic agent hosts the stage's TCPStore server in a thread of its own process
 (libuv, ``pt_tcpstore_uv``), and in fork mode that same process forks the ranks. The server

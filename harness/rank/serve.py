@@ -1,4 +1,4 @@
-"""Warm rank pool, rank side: ``torchrun ... -m harness.rank.serve <pool_dir>`` (issue 14).
+"""Warm rank pool, rank side: ``torchrun ... -m harness.rank.serve <pool_dir>``.
 
 Why: importing torch, megatron-core and ModelOpt is about half of a cpu-tier stage. A pool
 rank pays for it once, then runs consecutive stages of one world size in the same process,

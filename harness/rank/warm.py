@@ -1,4 +1,4 @@
-"""Warm parent, rank side: ``python -m harness.rank.warm <dir>`` (HARNESS_STAGE_MODE=fork, issue 55).
+"""Warm parent, rank side: ``python -m harness.rank.warm <dir>`` (HARNESS_STAGE_MODE=fork).
 
 Why: a fresh torchrun spends most of a cpu-tier stage importing torch, megatron-core and
 ModelOpt. This process imports them once (the tier's ``fork_preload``: harness/tiers.py), stays

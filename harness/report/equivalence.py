@@ -1,5 +1,5 @@
-"""Are two runs of the same cells the same result? The rule a faster stage mode (the warm pool,
-issue 14) must meet before it may replace the fresh torchrun per stage: per cell the same
+"""Are two runs of the same cells the same result? The rule a faster stage mode (the warm pool)
+must meet before it may replace the fresh torchrun per stage: per cell the same
 outcome, exception type, failing key, first failing rank and verify figures. Timings, memory,
 teardown seconds and free-text messages (they name run directories and pids) may differ; a
 run's own id inside a verify figure (a warning naming the checkpoint copied into the run
@@ -13,7 +13,7 @@ not the rule generation each was written under).
 
 ``--rejudge RUN.results.json ...``: a recorded run against itself judged again under today's
 rules (harness/check/judge.py ``rejudge_record``): one line per cell whose outcome changes, with
-the reason (issue 25: a rule change lists what it changes).
+the reason (a rule change lists what it changes).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from harness.records import CellRecord, Outcome, RunResults
 
 SAME = ("outcome", "exception_type", "failing_key", "first_failure_rank", "failed_stage")
 # ``--outcomes-only``: the same cells on another transport (NCCL ranks sharing a GPU against
-# gloo, issue 42): which rank reports first and the figures may differ, the product's answer not.
+# gloo): which rank reports first and the figures may differ, the product's answer not.
 SAME_OUTCOME = ("outcome", "exception_type", "failing_key", "failed_stage")
 NOT_COMPARED = (Outcome.INTERRUPTED, Outcome.SKIPPED)  # say nothing about the product
 

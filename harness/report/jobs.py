@@ -218,7 +218,7 @@ def by_kinds(job: Job, scenario: Scenario) -> bool:
     """Whether ``scenario`` stands in for ``job`` by the amax kinds its recipe makes rather than by
     its recipe's name: the job's recipe is a job owner's own file (``file:``) and the scenario
     quantizes with another. The verdict then takes only records whose kinds are the file's
-    (harness/report/verdict.py of_the_kinds) and judges them by them (issue 52 item 7)."""
+    (harness/report/verdict.py of_the_kinds) and judges them by them."""
     return scenario.recipe != job.profile.recipe and job.profile.recipe.startswith("file:")
 
 

@@ -16,8 +16,8 @@ from harness.check import judge
 from harness.check.decision import CellDecision, decide
 from harness.check.versions import installed_mcore, installed_modelopt, rules_for
 from harness.jsonfile import read_json, write_json_atomic
-from harness.launch.pool import POOLS, PoolKey, stage_mode
-from harness.launch.warm import run_module_stage
+from harness.launch.pool import stage_mode
+from harness.launch.stages import run_module_stage
 from harness.launch.signals import shutdown_signal
 from harness.paths import GOLDEN_DIR, RunDir, SaveDir
 from harness.rank.spec import StageSpec
@@ -25,7 +25,7 @@ from harness.records import CellRecord, Stage, StageResult, check_record
 from harness.run.results import write_record
 from harness.run.saved import checkpoint_amax_keys, verified_save
 from harness.scenario.cells import Cell
-from harness.tiers import StageMode, facts
+from harness.tiers import facts
 
 
 def _spec(cell: Cell, stage: str, topo, save: SaveDir) -> StageSpec:
@@ -117,17 +117,13 @@ def _runtime_layout() -> str:
 
 
 def _launch(spec: StageSpec, stage_dir: Path, cell: Cell, run: RunDir) -> StageResult:
-    """THE place a stage starts: a fresh torchrun, a warm rank pool, or ranks forked from a
-    warm parent (HARNESS_STAGE_MODE)."""
+    """A cell's stage, started as its tier starts stages (launch/stages.py: a warm rank pool,
+    ranks forked from a warm parent, or a fresh torchrun; HARNESS_STAGE_MODE)."""
     spec_path = spec.write(stage_dir / "spec.json")
-    timeout_s, env = cell.scenario.stage_timeout_s, rank_env(cell.scenario)
-    mode, grace_s = stage_mode(spec.tier), facts(spec.tier).teardown_grace_s
-    if mode == StageMode.POOL:  # pools and warm parents live in the run directory
-        key = PoolKey.of(spec.topo.world_size, spec.tier, spec.patch, spec.backend, run.root, env)
-        return POOLS.run(key, spec_path, spec.stage, stage_dir, timeout_s).result()
     return run_module_stage(spec.stage, stage_dir, spec.topo.world_size, [str(spec_path)],
-                            timeout_s, root=run.root, env=env, tier=spec.tier, patch=spec.patch,
-                            backend=spec.backend, grace_s=grace_s).result()
+                            cell.scenario.stage_timeout_s, root=run.root, env=rank_env(cell.scenario),
+                            tier=spec.tier, patch=spec.patch, backend=spec.backend, pool=True,
+                            grace_s=facts(spec.tier).teardown_grace_s).result()
 
 
 def rank_env(s) -> dict:

@@ -89,7 +89,7 @@ def _looks_like_gpu_host() -> bool:
 
 def _start_save_pools_early(cells, results_root: Path) -> RunDir | None:
     """Warm pools only: the GPU run's save pools, started before the controller imports torch
-    and TE for its own checks (about 11 s on the H200 host, issue 23), so those checks overlap
+    and TE for its own checks (about 11 s on the H200 host), so those checks overlap
     the ranks' start and imports instead of preceding them. Returns the run directory."""
     from harness.run.cells import prestart_save_pools
 

@@ -2,7 +2,7 @@
 
 Why: a save stage's ranks can all exit 0 without a checkpoint to show for it (on one GPU host,
 two pytest-xdist workers once ran their stages on one warm-pool directory, and a save "passed"
-with 0 ranks and no ``ckpt/``: issue 51); every load of it then failed for a reason that was not
+with 0 ranks and no ``ckpt/``: two controllers' pools answered each other's jobs); every load of it then failed for a reason that was not
 the product's, and a save expected to collide was judged ``unexpected-pass``. So a save passes
 only when the checkpoint is there and readable by megatron-core's own metadata reader, and every
 ShardedTensor key its ranks said they wrote (harness/rank/stages.py ``record_saved_keys``) is in

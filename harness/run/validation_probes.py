@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.launch.warm import run_module_stage
+from harness.launch.stages import run_module_stage
 
 
 def run_probe(probe: dict, nproc: int, stage_dir: Path, timeout_s: float = 240,
               root: Path | None = None):
     """Start ``harness.rank.validation_probes`` on ``nproc`` gloo ranks, as the cpu tier starts
     its stages (it needs only torch and megatron-core imported); ``root``: the run directory
-    (launch/warm.py ``run_module_stage``). Returns the launcher's StageRun."""
+    (launch/stages.py ``run_module_stage``). Returns the launcher's StageRun."""
     stage_dir.mkdir(parents=True, exist_ok=True)
     spec = stage_dir / "probe.json"
     spec.write_text(json.dumps(probe))

@@ -1,4 +1,4 @@
-"""Randomized cells off the committed grid (issue 25): ``python -m harness sample --seed S --cells N``.
+"""Randomized cells off the committed grid: ``python -m harness sample --seed S --cells N``.
 
 Each draw is a save topology, a load topology and a model size (layers, experts, top-k) that
 the committed scenarios do not have, valid for that size (harness/topology/topology.py),

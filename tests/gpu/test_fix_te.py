@@ -119,7 +119,7 @@ def test_per_expert_sharded_entries_keep_keys_and_shapes(patched, model_parallel
 
 
 # --- part (f): static NVFP4 experts across expert TP (written on the cpu machine, first run on a
-# GPU with the issue-54 queue: tools/gpu-host/queues/next-issue54.txt) -------------------------
+# GPU with the queue tools/gpu-host/queues/static-block-fix.txt) ----------------------------------
 def test_apply_installs_part_f_on_te_classes(patched):
     import modelopt.torch.quantization.mode as mode
     import modelopt.torch.quantization.model_calib as model_calib

@@ -5,7 +5,7 @@
 #                                 the call that runs `tools/gpu-host/run.sh mamba`, which compiles
 #                                 them with the host's nvcc for its GPU only: torch does that on
 #                                 its ninja path, tools/gpu-host/nvcc-one-arch.sh)
-#   stage-mamba.sh --built FROM [DIR]  the wheels `run.sh mamba-wheels` brought back (FROM: the
+#   stage-mamba.sh --built FROM [DIR]  the wheels `run.sh mamba` brought back (FROM: the
 #                                 call's files folder; parts of a wheel over 15 MiB are joined)
 #                                 into DIR/built: the next `run.sh mamba` installs them instead of
 #                                 compiling (683 s on the H100's 16 cores), for the same torch
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = --built ]; then
   FROM=${2:?usage: stage-mamba.sh --built FROM [DIR]}; DIR=${3:-.whl-mamba}
-  [ -d "$FROM" ] || { echo "stage-mamba.sh: no folder $FROM (the files of a run.sh mamba-wheels call)" >&2; exit 2; }
+  [ -d "$FROM" ] || { echo "stage-mamba.sh: no folder $FROM (the files of a run.sh mamba call)" >&2; exit 2; }
   mkdir -p "$DIR/built"
   for f in "$FROM"/*.whl; do [ -e "$f" ] && cp "$f" "$DIR/built/"; done
   for first in "$FROM"/*.whl.part00; do

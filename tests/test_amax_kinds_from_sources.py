@@ -1,7 +1,7 @@
-"""Issue 52 item 3: the per-channel, per-block and no-amax amax kinds, their rules (read from the
+"""The per-channel, per-block and no-amax amax kinds, their rules (read from the
 sources only, harness/check/versions.py) and what they predict for every cell of the scenarios
 that check them on a GPU (scenarios/gpu_{per_channel,per_block,no_amax}_recipe*.toml, queue
-tools/gpu-host/queues/next-issue52-kinds.txt).
+tools/gpu-host/queues/amax-kinds.txt).
 
 Each expected word below is derived from the source lines the rules cite, not from the harness:
 - 0.47.0 builds every per-expert weight_quantizer entry with no groups (plugins/megatron.py:936),
