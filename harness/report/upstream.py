@@ -20,6 +20,9 @@ import json
 import re
 from pathlib import Path
 
+from harness.outcomes import Outcome, Patch
+from harness.tiers import Backend
+
 # The record's model keys that are megatron-core TransformerConfig fields of the same name
 # (harness/model/modules.py CONFIG_FIELDS) and the GPU default of a record that names no model
 # (harness/model/gpt.py GPU_SIZE, the size every GPU tier built before records named it).
@@ -29,7 +32,7 @@ GPU_DEFAULT_MODEL = {"kind": "gpt", "num_layers": 2, "hidden_size": 256, "num_at
                      "ffn_hidden_size": 512, "moe_ffn_hidden_size": 256, "num_experts": 8,
                      "moe_router_topk": 2, "vocab_size": 128, "seq_length": 16,
                      "micro_batch_size": 2, "position_embedding_type": "learned_absolute"}
-PASSING = ("pass", "skipped")
+PASSING = (Outcome.PASS, Outcome.SKIPPED)  # a cell that is no finding
 _TOPOLOGY = re.compile(r"^tp(\d+)-etp(\d+)-ep(\d+)(?:-pp(\d+))?$")
 
 
@@ -79,7 +82,7 @@ def find_cell(doc: dict, cell_id: str, path: Path) -> dict:
     cell = found[0]
     if cell.get("outcome") in PASSING:
         raise SkeletonError(f"{cell_id}: outcome {cell.get('outcome')!r}, not a failing cell")
-    if cell.get("backend", "te") != "te":
+    if cell.get("backend", Backend.TE.value) != Backend.TE:
         raise SkeletonError(f"{cell_id}: backend {cell.get('backend')!r}; the skeleton builds "
                             "Transformer Engine grouped experts (backend te) only")
     return cell
@@ -94,14 +97,13 @@ def facts(doc: dict, cell: dict, results_name: str) -> dict:
     return {
         "cell_id": cell["cell_id"], "results": results_name,
         "versions": {k: v for k, v in (doc.get("versions") or {}).items()
-                     if k in ("torch", "megatron-core", "nvidia-modelopt", "transformer-engine",
-                              "gpu", "python")},
-        "tier": cell.get("tier") or doc.get("tier"), "patch": cell.get("patch", "none"),
+                     if k not in ("gpu_count", "mcore_override")},  # the packages and the GPU
+        "tier": cell.get("tier") or doc.get("tier"), "patch": cell.get("patch", Patch.NONE.value),
         "fix_parts": cell.get("fix_parts"),
         "recipe": cell.get("recipe") or "mtq:NVFP4_DEFAULT_CFG",
         "model": cell.get("model") or dict(GPU_DEFAULT_MODEL),
         "model_recorded": bool(cell.get("model")),
-        "save": save, "load": load, "outcome": cell.get("outcome"),
+        "save_topology": save, "load_topology": load, "outcome": cell.get("outcome"),
         "failed_stage": cell.get("failed_stage"),
         "exception": cell.get("exception_type"), "failing_key": cell.get("failing_key"),
         "message": first[:300],
@@ -113,7 +115,7 @@ def _header(f: dict) -> str:
         return f"tp{t['tp']}-etp{t['etp']}-ep{t['ep']}-pp{t['pp']}" if t else "none (save only)"
 
     versions = ", ".join(f"{k} {v}" for k, v in f["versions"].items()) or "not recorded"
-    save_n = world_size(f["save"])
+    save_n = world_size(f["save_topology"])
     lines = [
         f"Skeleton of a standalone reproducer of the harness cell {f['cell_id']}",
         f"(results file {f['results']}), written by `python -m harness upstream`.",
@@ -121,9 +123,9 @@ def _header(f: dict) -> str:
         f"Recorded on: {versions}; tier {f['tier']}, patch {f['patch']}"
         + (f" (fix parts {', '.join(f['fix_parts'])})" if f["fix_parts"] else "") + ".",
         f"Recipe: {f['recipe']}.",
-        f"Save topology: {topo(f['save'])} ({save_n} ranks).",
-        f"Load topology: {topo(f['load'])}"
-        + (f" ({world_size(f['load'])} ranks)." if f["load"] else "."),
+        f"Save topology: {topo(f['save_topology'])} ({save_n} ranks).",
+        f"Load topology: {topo(f['load_topology'])}"
+        + (f" ({world_size(f['load_topology'])} ranks)." if f["load_topology"] else "."),
         f"Model: {'as recorded' if f['model_recorded'] else 'the GPU default (the record names none)'}.",
         f"Recorded failure: outcome {f['outcome']}, stage {f['failed_stage']}, "
         f"{f['exception']}, key {f['failing_key']}.",
@@ -132,10 +134,10 @@ def _header(f: dict) -> str:
         "    torchrun --nproc-per-node %d --rdzv-backend c10d --rdzv-endpoint localhost:0 \\" % save_n,
         "        repro.py --stage save --ckpt DIR",
     ]
-    if f["load"]:
+    if f["load_topology"]:
         lines += [
             "    torchrun --nproc-per-node %d --rdzv-backend c10d --rdzv-endpoint localhost:0 \\"
-            % world_size(f["load"]), "        repro.py --stage load --ckpt DIR"]
+            % world_size(f["load_topology"]), "        repro.py --stage load --ckpt DIR"]
     lines += ["", "Added by hand: nothing yet (say here what the finding needed beyond this)."]
     return '"""' + "\n".join(line.replace('"""', "'''").replace("\\", "\\\\")
                              for line in lines) + '\n"""\n'
@@ -274,8 +276,8 @@ def skeleton(results: Path, cell_id: str) -> str:
         f"RECIPE = {f['recipe']!r}",
         f"MODEL = {f['model']!r}",
         f"CONFIG_FIELDS = {CONFIG_FIELDS!r}",
-        f"SAVE = {f['save']!r}",
-        f"LOAD = {(f['load'] or f['save'])!r}",
+        f"SAVE = {f['save_topology']!r}",
+        f"LOAD = {(f['load_topology'] or f['save_topology'])!r}",
         f"FAILED_STAGE = {f['failed_stage']!r}",
         f"EXCEPTION = {(f['exception'] or 'Exception')!r}",
         f"FAILING_KEY = {(f['failing_key'] or '-')!r}",
