@@ -277,8 +277,6 @@ ROOT = HARNESS.parent
 TRACKER = re.compile(r"(?<![a-z])issues?[ _-]?\d+|(?<![\w/#])#\d{2,}\b(?![0-9a-f])", re.IGNORECASE)
 UPSTREAM = re.compile(r"(Model-Optimizer|Megatron-LM|TransformerEngine|pytorch|PR)( issue)? ?#\d+|/#\d+"
                       r"|Model-Optimizer#\d+", re.IGNORECASE)
-# Files of a branch beside this one that still carry one; remove the entry when it is renamed.
-TRACKER_PENDING = {"harness/check/recipes.py"}
 
 
 def _tracker_numbers(text: str) -> list[str]:
@@ -290,8 +288,6 @@ def test_no_tracker_number_in_code_or_test_names():
     found = {}
     for path in [*files, ROOT / "conftest.py"]:
         rel = str(path.relative_to(ROOT))
-        if rel in TRACKER_PENDING:
-            continue
         hits = _tracker_numbers(rel) + [f"{n}: {hit}" for n, line in enumerate(path.read_text().splitlines(), 1)
                                         for hit in _tracker_numbers(line)]
         if hits:

@@ -179,7 +179,7 @@ def test_a_cell_is_decided_once(tmp_path, monkeypatch):
     cell = _cell(tmp_path, ULTRA_4O6, "tp1-etp1-ep4", "tp1-etp1-ep2")
     modelopt, calls = installed_modelopt(), []
     real = decision_module.expectation
-    monkeypatch.setattr(decision_module, "expectation", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(decision_module, "expectation", lambda *a, **k: calls.append(a) or real(*a, **k))
     env = {"nvidia-modelopt": modelopt}
     monkeypatch.setattr(run_cell_module, "run_save", lambda c, run: StageResult(
         stage="save", ok=True, wall_s=1.0, environment=env, rank_results={"0": {"amax_kinds": STATIC}}))

@@ -6,6 +6,7 @@ metadata of each version (tests/test_recorded_metadata.py) checks the replica ru
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -157,13 +158,13 @@ def test_the_ranks_version_decides_the_expectation():
     """Judged by the nvidia-modelopt the stage's ranks imported, not the controller's."""
     cell = _cell("gpu-witness", WITNESS_SAVE)
     rec = new_record(cell)
-    ran_decision(rec, cell.plan, _ran("0.48.0rc1"), None)
+    rec = replace(rec, **ran_decision(rec, cell.plan, _ran("0.48.0rc1"), None)[1])
     assert (rec.modelopt, rec.mcore, rec.expectations, rec.expected, rec.notice) == (
         "0.48.0rc1", "0.19.2", "0.48.0rc1 + mcore 0.16.x|0.19.2", "pass", None)
-    ran_decision(rec, cell.plan, _ran("0.49.0"), None)
+    rec = replace(rec, **ran_decision(rec, cell.plan, _ran("0.49.0"), None)[1])
     assert rec.expected == "rule-unknown" and "0.49.0" in rec.notice
-    ran_decision(rec, cell.plan, StageResult(stage="save", ok=True, wall_s=1.0, environment={
-        "nvidia-modelopt": "0.48.0rc1", "megatron-core": "0.15.3"}), None)
+    rec = replace(rec, **ran_decision(rec, cell.plan, StageResult(stage="save", ok=True, wall_s=1.0, environment={
+        "nvidia-modelopt": "0.48.0rc1", "megatron-core": "0.15.3"}), None)[1])
     assert (rec.mcore, rec.expected) == ("0.15.3", "fail-save")
 
 
@@ -187,7 +188,7 @@ def test_the_parts_the_ranks_installed_decide_the_static_rule():
     for parts, word in ((["expert-amax"], "reshard-refused"), (["expert-amax", "static-block"], "pass"),
                         (None, "reshard-refused")):  # None: the ranks said nothing of the fix
         rec = new_record(cell)
-        ran_decision(rec, cell.plan, ran(parts), None)
+        rec = replace(rec, **ran_decision(rec, cell.plan, ran(parts), None)[1])
         assert (rec.fix_parts, rec.expected) == (parts, word)
 
 

@@ -60,12 +60,13 @@ def decide(plan: CellPlan, modelopt: str | None, mcore: str | None,
     (``fix_parts`` None: those the scenario asks for, before a stage has said what it installed)."""
     mcore = mcore or installed_mcore()
     behaviour = versions.rules_for(modelopt, mcore)
-    kinds = kinds_for(plan, recorded)
+    kinds = kinds_for(plan, recorded, modelopt)
     parts = plan.fix_parts if fix_parts is None else tuple(fix_parts)
-    word, why = expectation(plan, behaviour, kinds, parts, mcore)
+    word, why = expectation(plan, behaviour, kinds, parts, mcore, modelopt=modelopt)
     behind = behind_why = None
     if word == Expected.RESTORE_DRY_RUN:
-        behind, behind_why = expectation(plan, behaviour, kinds, parts, mcore, restore_defects=False)
+        behind, behind_why = expectation(plan, behaviour, kinds, parts, mcore, restore_defects=False,
+                                         modelopt=modelopt)
         why = (f"{RESTORE_DRY_RUN.label} (harness/check/versions.py RESTORE_DRY_RUN): "
                "nondeterministic, a stage that restores may die of it (known-refusal) or pass; "
                f"where it passes the cell is judged as `{behind}`"

@@ -7,7 +7,8 @@ from harness.check.plan import CellPlan
 from harness.check.recipes import forecast
 from harness.check.defects import RestoreDefect, defect_covers, model_defect
 from harness.check.kinds import FAMILY_SPLIT, reference_reload, split_of
-from harness.check.versions import installed_mcore
+from harness.check.matching import matched
+from harness.check.versions import installed_mcore, installed_modelopt
 from harness.model.recipes import EXPERTS
 from harness.records import ExpectMode, Expected, Patch, Stage
 from harness.tiers import Backend, on_cuda
@@ -16,10 +17,21 @@ from harness.topology import oracle
 Kinds = dict[str, list[str]]  # module family -> the amax kinds of its weight quantizers
 
 
-def kinds_for(plan: CellPlan, recorded: Kinds | None) -> Kinds | None:
+def kinds_for(plan: CellPlan, recorded: Kinds | None, modelopt: str | None = None) -> Kinds | None:
     """The kinds that decide: what the save recorded once it ran, else the recipe's forecast on
-    the cell's model (None: neither is known)."""
-    return recorded or forecast(plan.recipe, plan.families)
+    the cell's model: the catalogue's (harness/check/recipes.py), else that of ModelOpt's own
+    matching for the release ``modelopt`` (None: the installed one; harness/check/matching.py).
+    None: none of them gives the routed experts a kind."""
+    return recorded or forecast(plan.recipe, plan.families) or matched(
+        plan.recipe, modelopt or installed_modelopt(), plan.families).kinds
+
+
+def no_kinds_why(plan: CellPlan, modelopt: str | None = None) -> str:
+    """Why no amax kind of the routed experts is known for ``plan``'s recipe, in one line: no save
+    recorded them, the catalogue has no forecast, and what ModelOpt's own matching says."""
+    told = matched(plan.recipe, modelopt or installed_modelopt(), plan.families).why
+    return (f"recipe {plan.recipe}: no amax kinds of the routed experts known: no save recorded "
+            f"them, harness/check/recipes.py has no forecast, and {told}: nothing to judge them by")
 
 
 def expected(plan: CellPlan, behaviour) -> str:
@@ -46,11 +58,12 @@ def restore_defect(plan: CellPlan, rules: dict, patched: bool) -> RestoreDefect 
 
 def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
                 fix_parts: tuple[str, ...] = (), mcore: str | None = None,
-                restore_defects: bool = True) -> tuple[str, str | None]:
+                restore_defects: bool = True, modelopt: str | None = None) -> tuple[str, str | None]:
     """(pass | fail-save | fail-load | amax-lost | not-restored | reshard-refused |
     mtp-embedding-refused | restore-dry-run | rule-unknown, and for rule-unknown from a kind or a
     model defect: one line naming what has no rule). ``mcore``: the megatron-core that ran (None:
-    the installed one). ``restore_defects`` False: the expectation behind a restore defect (what
+    the installed one); ``modelopt``: the ModelOpt that ran (None: the installed one), whose own
+    matching forecasts a recipe's kinds where nothing else does. ``restore_defects`` False: the expectation behind a restore defect (what
     the cell is judged by where that nondeterministic defect did not fire:
     harness/check/decision.py works it out once, beside the defect's).
 
@@ -81,9 +94,7 @@ def expectation(plan: CellPlan, behaviour, kinds: Kinds | None,
     if not behaviour.known:
         return Expected.RULE_UNKNOWN, None  # no rule for the pair: its notice says so
     if not kinds or EXPERTS not in kinds:
-        return Expected.RULE_UNKNOWN, (
-            f"recipe {plan.recipe}: no amax kinds of the routed experts known (no forecast in "
-            "harness/check/recipes.py and no save recorded them): nothing to judge them by")
+        return Expected.RULE_UNKNOWN, no_kinds_why(plan, modelopt)
     rules = {}
     parts = fix_parts if plan.patch == Patch.FIX else ()  # the parts of harness.fix installed
     for family, names in sorted(kinds.items()):

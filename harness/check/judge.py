@@ -9,19 +9,19 @@ outcome a record holds and judge nothing themselves.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 from harness.check.decision import CellDecision, decide
 from harness.check.defects import MODEL_DEFECTS, MTP_POSITION_EMBEDDING, RESTORE_DRY_RUN
 from harness.check.keys import is_expert_weight_amax
 from harness.check.logits import topology_finding
 from harness.check.plan import CellPlan
-from harness.check.refusals import (expert_tensors, is_amax_refusal, is_bug, is_shape_refusal,
-                                    shape_refusal_finding)
+from harness.check.refusals import (expert_tensors, is_amax_refusal, is_bug, is_not_quantizable,
+                                    is_shape_refusal, shape_refusal_finding)
 from harness.check.verify_figures import held_after_load, judged_verify, verify_problems
 from harness.check.versions import installed_mcore
 from harness.records import (FIX_PARTS_ENV_KEY, CellRecord, Expected, Outcome, Stage, StageCause,
                              StageResult)
-
 
 
 def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: StageResult | None,
@@ -33,8 +33,8 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
     and the kinds the save recorded (``decision``, the controller's from before the stages ran, is
     reused when those are its own), the outcome, failure, judged verify figures and the
     cross-topology finding."""
-    rec = copy.deepcopy(rec)
-    d = ran_decision(rec, cell, save, load, decision)
+    d, decided = ran_decision(rec, cell, save, load, decision)
+    rec = replace(copy.deepcopy(rec), **decided)
     for stage in (save, load):
         if stage is not None:
             note_evidence(rec, stage)
@@ -67,46 +67,53 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
 
 
 def ran_decision(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: StageResult | None,
-                 decision: CellDecision | None = None) -> CellDecision:
+                 decision: CellDecision | None = None) -> tuple[CellDecision, dict]:
     """The decision under the pair the stages' ranks imported (the record's until a stage has
-    reported) and the kinds the save recorded, written into ``rec``; ``decision`` is reused when
-    it is that one."""
+    reported) and the kinds the save recorded (``decision`` reused when it is that one), and the
+    record fields they give (amax kinds and keys, fix parts, the decision's); ``rec`` untouched."""
     env = {}
     for stage in (save, load):
         if stage is not None:
             env.update({k: v for k, v in stage.environment.items() if v})
     modelopt = env.get("nvidia-modelopt") or rec.modelopt
     mcore = env.get("megatron-core") or rec.mcore or installed_mcore()
+    seen: dict = {}
     if save is not None and save.stage == Stage.SAVE:
         kinds = save.amax_kinds if save.amax_kinds is not None else save.rank0.get("amax_kinds")
         if kinds is not None:  # recorded once calibration ended: a failed save has them too
-            rec.amax_kinds = kinds
+            seen["amax_kinds"] = kinds
     if save is not None and save.amax_keys is not None:
-        rec.amax_keys = save.amax_keys
+        seen["amax_keys"] = save.amax_keys
     if env.get(FIX_PARTS_ENV_KEY):
-        rec.fix_parts = list(env[FIX_PARTS_ENV_KEY])
-    parts = fix_parts_that_decide(rec, cell, ran=save is not None or load is not None)
-    if decision is None or not decision.holds_for(modelopt, mcore, rec.amax_kinds, parts):
-        decision = decide(cell, modelopt, mcore, rec.amax_kinds, parts)
-    note_decision(rec, decision)
-    return decision
+        seen["fix_parts"] = list(env[FIX_PARTS_ENV_KEY])
+    recorded = seen.get("amax_kinds", rec.amax_kinds)
+    parts = fix_parts_that_decide(seen.get("fix_parts", rec.fix_parts), cell,
+                                  ran=save is not None or load is not None)
+    if decision is None or not decision.holds_for(modelopt, mcore, recorded, parts):
+        decision = decide(cell, modelopt, mcore, recorded, parts)
+    return decision, {**seen, **decision_fields(decision)}
 
 
-def fix_parts_that_decide(rec: CellRecord, cell: CellPlan, ran: bool) -> tuple[str, ...]:
-    """The fix's parts a cell is judged under: those its ranks recorded installing; none when a
-    stage ran and no rank said (an unpatched stage, one that failed before it could say, or a
-    record made before ``fix_parts``: judged as it was then); before any stage ran, what the
-    scenario asks for (the forecast)."""
-    if rec.fix_parts is not None:
-        return tuple(rec.fix_parts)
+def fix_parts_that_decide(recorded: list[str] | None, cell: CellPlan, ran: bool) -> tuple[str, ...]:
+    """The fix's parts a cell is judged under: those its ranks recorded installing (``recorded``);
+    none when a stage ran and no rank said (an unpatched stage, one that failed before it could
+    say, or a record made before ``fix_parts``: judged as it was then); before any stage ran, what
+    the scenario asks for (the forecast)."""
+    if recorded is not None:
+        return tuple(recorded)
     return () if ran else cell.fix_parts
 
 
+def decision_fields(d: CellDecision) -> dict:
+    """The decision's record fields: pair, rules, expectation, notice, forecast disagreement."""
+    return {"modelopt": d.modelopt, "mcore": d.mcore, "expectations": d.expectations,
+            "expected": d.expected, "notice": d.notice, "forecast_disagreement": d.forecast_disagreement}
+
+
 def note_decision(rec: CellRecord, d: CellDecision) -> None:
-    """The decision's fields in the record: the pair, whose rules, the expectation, notice and
-    where the save's kinds disagree with the forecast."""
-    rec.modelopt, rec.mcore, rec.expectations = d.modelopt, d.mcore, d.expectations
-    rec.expected, rec.notice, rec.forecast_disagreement = d.expected, d.notice, d.forecast_disagreement
+    """The decision's fields written into a new record (the controller's, before any stage ran)."""
+    for name, value in decision_fields(d).items():
+        setattr(rec, name, value)
 
 
 def model_defect_seen(cause: StageCause | None, topology, cell: CellPlan):
@@ -192,14 +199,6 @@ def settle_unknown(rec: CellRecord) -> None:
             Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.NOT_QUANTIZABLE):
         ran = f"{rec.outcome}: {rec.reason or rec.message or ''}".strip(": ")
         rec.outcome, rec.reason = Outcome.RULE_UNKNOWN, f"{rec.notice} (ran: {ran[:300]})"
-
-
-# harness/model/quant.py NotQuantizable: ModelOpt's own exception inside mtq.quantize.
-NOT_QUANTIZABLE_EXCEPTION = "NotQuantizable"
-
-
-def is_not_quantizable(cause: StageCause | None) -> bool:
-    return bool(cause and (cause.exc_type or "").endswith(NOT_QUANTIZABLE_EXCEPTION))
 
 
 def not_quantizable(rec: CellRecord, save: StageResult) -> None:
@@ -391,6 +390,3 @@ def bug_gone_message(rec: CellRecord) -> str:
         f"no longer reproduces with nvidia-modelopt {rec.modelopt}; the "
         "quarantined Nemotron-3 jobs are candidates for un-quarantine (see `make verdict`)"
     )
-
-
-# --- recorded runs judged again -----------------------------------------------------------------

@@ -85,3 +85,22 @@ def is_shape_refusal(cause: StageCause | None) -> bool:
     text = (cause.message or "") if cause else ""
     return bool(cause and (cause.exc_type or "").endswith(REFUSALS) and SHAPE_REFUSAL_TEXT in text
                 and "weight_quantizer._amax" in text)
+
+
+# harness/model/quant.py NotQuantizable: ModelOpt's own exception inside mtq.quantize, as the
+# ranks wrap it. Records written before they did carry ModelOpt's exception itself; the one seen
+# so is AWQ-lite's calibration on TE grouped experts (upstream/awq-te-grouped-experts: its
+# AttributeError raised in modelopt/torch/opt/dynamic.py:786 on every release read), known by
+# its own words.
+NOT_QUANTIZABLE_EXCEPTION = "NotQuantizable"
+AWQ_ON_GROUPED_EXPERTS = re.compile(
+    r"'QuantTE(?:Column|Row)ParallelGroupedLinear' object has no attribute 'weight'")
+
+
+def is_not_quantizable(cause: StageCause | None) -> bool:
+    """ModelOpt refused to quantize the model with the recipe: its exception, wrapped by the
+    ranks, or AWQ-lite's known refusal on TE grouped experts by its own words."""
+    exc_type = (cause.exc_type or "") if cause else ""
+    return bool(cause and (exc_type.endswith(NOT_QUANTIZABLE_EXCEPTION) or (
+        exc_type.endswith("AttributeError")
+        and AWQ_ON_GROUPED_EXPERTS.search(cause.message or ""))))

@@ -128,7 +128,7 @@ def of_the_kinds(job: Job, cell: Cell, rec: CellRecord | None, note: str) -> tup
     from harness.check.expectation import kinds_for
 
     mine = _on(file_recipe_kinds(job), cell.plan.families)
-    ran = kinds_for(cell.plan, rec.amax_kinds)
+    ran = kinds_for(cell.plan, rec.amax_kinds, rec.modelopt)
     if ran is not None and _on(ran, cell.plan.families) == mine:
         return rec, "; ".join(x for x in (note, f"stands in for {job.profile.recipe} by its amax kinds {mine}") if x)
     return None, (f"not evidence for this profile: its save made amax kinds {ran}, recipe "
