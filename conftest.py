@@ -46,13 +46,19 @@ def _controller_gpus() -> str:
 
 
 def give_workers_their_gpus(config) -> None:
-    """Each xdist worker is started with its own ``CUDA_VISIBLE_DEVICES`` (``--tx
-    popen//env:...``, as JAX-Toolbox's pytest-xdist.sh does): the variable is set by execnet
-    before the worker's pytest starts, so no test process ever writes ``os.environ`` for it
-    and nothing can initialise CUDA first. A disjoint block of GPUs per worker; with fewer GPUs
-    than workers they share them (cells then run on gpu-shared, or skip with the reason when
-    they need one GPU per rank). Only plain ``popen`` specs (what ``-n N`` makes) are changed.
+    """Each xdist worker's interpreter starts with its own ``CUDA_VISIBLE_DEVICES``: its ``--tx``
+    spec starts it through ``env`` (``popen//python=env CUDA_VISIBLE_DEVICES=... python``), so no
+    test process ever writes ``os.environ`` for it and nothing can initialise CUDA first (the
+    JAX-Toolbox way). Not execnet's ``env:`` keys: those are set by a remote_exec after start,
+    and under load xdist's own remote_exec then came within execnet's 1 s window and the worker
+    refused it ("concurrent remote_exec would cause deadlock", a fresh clone's ``make test``). A
+    disjoint block of GPUs per worker; with fewer GPUs than workers they share them (cells then
+    run on gpu-shared, or skip with the reason when they need one GPU per rank). Only plain
+    ``popen`` specs (what ``-n N`` makes) are changed.
     """
+    import shlex
+    import sys
+
     from harness.launch.gpus import visible_gpus, worker_visible_devices
 
     specs = list(config.getoption("tx", None) or [])
@@ -61,9 +67,10 @@ def give_workers_their_gpus(config) -> None:
     gpus = config.harness_gpus
     workers = len(specs)
     shared = 0 < len(visible_gpus(gpus)) < workers
+    python = shlex.quote(sys.executable)
     config.option.tx = [
-        f"popen//env:CUDA_VISIBLE_DEVICES="
-        f"{gpus if shared else worker_visible_devices(f'gw{k}', gpus, workers)}"
+        f"popen//python=env CUDA_VISIBLE_DEVICES="
+        f"{gpus if shared else worker_visible_devices(f'gw{k}', gpus, workers)} {python}"
         for k in range(workers)]
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -153,23 +155,30 @@ def _workers(tx: list[str], gpus: str) -> list[str]:
     return config.option.tx
 
 
+def _spec(devices: str) -> str:
+    return f"popen//python=env CUDA_VISIBLE_DEVICES={devices} {shlex.quote(sys.executable)}"
+
+
 def test_each_worker_starts_with_its_own_gpus():
-    assert _workers(["popen"] * 2, "0,1,2,3") == [
-        "popen//env:CUDA_VISIBLE_DEVICES=0,1", "popen//env:CUDA_VISIBLE_DEVICES=2,3"]
-    assert _workers(["popen"] * 3, "") == ["popen//env:CUDA_VISIBLE_DEVICES="] * 3  # cpu: none
+    assert _workers(["popen"] * 2, "0,1,2,3") == [_spec("0,1"), _spec("2,3")]
+    assert _workers(["popen"] * 3, "") == [_spec("")] * 3  # cpu: none
     # fewer GPUs than workers: they share them (gpu-shared cells)
-    assert _workers(["popen"] * 5, "0") == ["popen//env:CUDA_VISIBLE_DEVICES=0"] * 5
+    assert _workers(["popen"] * 5, "0") == [_spec("0")] * 5
     assert _workers(["ssh=host"], "0,1") == ["ssh=host"]  # a spec someone wrote is theirs
+    # set when the interpreter starts, not by a remote_exec after it (execnet's env: keys)
+    assert all("env:" not in spec for spec in _workers(["popen"] * 2, "0,1"))
 
 
 def test_a_worker_sees_only_its_gpus_when_its_tests_run():
-    """The spec reaches the worker's interpreter: execnet sets it before pytest starts there."""
+    """The spec reaches the worker's interpreter from its start, in xdist's own execution model
+    (main_thread_only, where a second remote_exec too soon after a first is refused)."""
     import execnet
 
-    gateway = execnet.makegateway(_workers(["popen"] * 2, "4,5")[1])
+    group = execnet.Group(execmodel="main_thread_only")
+    gateway = group.makegateway(_workers(["popen"] * 2, "4,5")[1])
     try:
         seen = gateway.remote_exec(
             "import os; channel.send(os.environ.get('CUDA_VISIBLE_DEVICES'))").receive(timeout=60)
     finally:
-        gateway.exit()
+        group.terminate(timeout=30)
     assert seen == "5"
