@@ -8,7 +8,9 @@
 #   COVERAGE_REUSE=1 bash tools/coverage-split.sh   the comparison of the data already there
 # Data and each suite's results under $COVERAGE_OUT (default results/coverage); each suite is
 # bounded by SUITE_TIMEOUT_S (default 3000 s). A suite's failures are reported, not fatal: the
-# comparison is still printed (its lines were still run).
+# comparison is still printed (its lines were still run). Known: the `PY=` given to make reaches
+# the makes the tests start (MAKEFLAGS), so tests/test_exit_codes.py's make_target_stops_without_python
+# and tests/test_entry_point.py's HARNESS_PYTHON=system test fail under this script only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
