@@ -39,6 +39,7 @@ def test_buggy_save_names_rank0_exception_and_tears_down(tmp_path, topology, wor
     _assert_bug_cause(_save(tmp_path, topology, "buggy", world), world)
 
 
+@pytest.mark.slow  # the control: the fixed rule's replica ids are tests/test_fix_patch.py's
 @pytest.mark.cpu
 def test_fixed_rule_saves_at_the_same_topology(tmp_path):
     run = _save(tmp_path, "tp2-etp1-ep2", "fixed", 2)

@@ -108,6 +108,7 @@ def _readme_verdicts() -> list[tuple[str, str, str, str, int]]:
     return out
 
 
+@pytest.mark.slow  # the gate on the committed records: tests/test_gate_committed.py
 def test_every_verdict_the_readme_states_is_the_gates_on_the_committed_records(capsys):
     """Each cell of the README's tables, asked of the gate with the row's flags: the exit code
     it states, and its word (BLOCKED: the unpatched answer where the fix makes it safe)."""

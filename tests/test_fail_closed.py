@@ -27,6 +27,7 @@ pytestmark = pytest.mark.cpu
 SAVE = "tp1-etp1-ep2-pp1"
 
 
+@pytest.mark.slow  # two whole saves; their pools' directories: the test below
 def test_two_controllers_on_one_run_directory_each_run_their_own_save(tmp_path):
     """Two PoolSets (two xdist workers, each with its own counter) on one run directory, one
     save each, one after the other: each save is run by its own 2 ranks into its own pool."""
@@ -46,6 +47,16 @@ def test_two_controllers_on_one_run_directory_each_run_their_own_save(tmp_path):
         assert all(r["saved"]["topology"] == SAVE for r in run.rank_results.values())
     assert len(list((tmp_path / "pools").iterdir())) == 2, "the two controllers shared a pool"
     assert pool_processes(tmp_path) == []
+
+
+def test_two_pool_sets_counting_alike_on_one_run_directory_get_their_own_pool_directories(tmp_path):
+    """The `make test` form of the one above (no ranks started): two PoolSets, as two xdist
+    workers, each at its first pool of the same key, get two directories."""
+    first, second = PoolSet(), PoolSet()
+    a, b = first._new_pool(key(tmp_path, 2)), second._new_pool(key(tmp_path, 2))
+    assert first.started == second.started == 1
+    assert a.dir != b.dir and a.dir.is_dir() and b.dir.is_dir(), (a.dir, b.dir)
+    assert {a.dir.parent, b.dir.parent} == {(tmp_path / "pools").resolve()}
 
 
 def test_a_stage_whose_ranks_exit_0_without_a_result_fails(tmp_path):

@@ -116,7 +116,8 @@ def preview(gcl):
     return yaml.safe_load(_after_warnings(out, "---"))
 
 
-@pytest.mark.parametrize("source", ["merge_request_event", "schedule", "web", "push"])
+@pytest.mark.parametrize("source", ["merge_request_event", "schedule", *(pytest.param(s, marks=pytest.mark.slow)
+                                                                  for s in ("web", "push"))])
 def test_real_client_accepts_the_pipeline(gcl, source):
     proc = gcl("--list", *_vars(source))
     out = _ok(proc)
@@ -138,7 +139,7 @@ def test_default_branch_push_has_no_gpu_job(gcl):
     assert set(pipeline(gcl, "push")) == MR_JOBS
 
 
-@pytest.mark.parametrize("source", ["schedule", "web"])
+@pytest.mark.parametrize("source", ["schedule", pytest.param("web", marks=pytest.mark.slow)])
 def test_nightly_pipeline_runs_the_gpu_jobs_after_cpu(gcl, source):
     jobs = pipeline(gcl, source)
     assert set(jobs) == NIGHTLY_JOBS | (SCHEDULE_ONLY if source == "schedule" else set())
@@ -170,7 +171,7 @@ def test_only_the_bug_witness_and_the_manual_gate_may_fail(gcl):
     assert {n for n, j in jobs.items() if j["allow_failure"]} == {"bug-witness"} | GATE
 
 
-@pytest.mark.parametrize("source", ["schedule", "web"])
+@pytest.mark.parametrize("source", ["schedule", pytest.param("web", marks=pytest.mark.slow)])
 def test_unquarantine_gate_is_manual_after_the_gpu_jobs(gcl, preview, source):
     """Nightly pipelines only; someone starts it (it must not hold the pipeline as blocked); it
     judges the GPU jobs' results, and runs the gate script, which gates every job."""

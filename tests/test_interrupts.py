@@ -23,13 +23,14 @@ from tests.helpers import (CPU_SAVE_ONLY_CELL, TEARDOWN_LIMIT_S, bounded, interr
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("interrupts")]
 
 
-# SIGTERM (a CI cancel) in fresh mode and with ranks forked from a warm parent (fork) here;
-# SIGINT in pool mode in tests/test_pool.py; SIGINT in fresh and fork mode under -m slow (each
+# SIGTERM (a CI cancel) with ranks forked from a warm parent (fork, the cpu tier's mode) here;
+# under -m slow: SIGTERM in fresh mode, SIGINT in pool mode in tests/test_pool.py, SIGINT in
+# fresh and fork mode (each
 # case is one torchrun, or one warm parent, of the full stack).
 @pytest.mark.parametrize("sig, code, mode", [
     pytest.param(signal.SIGINT, 130, "fresh", marks=pytest.mark.slow),
     pytest.param(signal.SIGINT, 130, "fork", marks=pytest.mark.slow),
-    (signal.SIGTERM, 143, "fresh"), (signal.SIGTERM, 143, "fork")])
+    pytest.param(signal.SIGTERM, 143, "fresh", marks=pytest.mark.slow), (signal.SIGTERM, 143, "fork")])
 def test_a_signal_tears_down_and_leaves_a_partial_results_file(tmp_path, monkeypatch, sig, code, mode):
     monkeypatch.setenv("HARNESS_STAGE_MODE", mode)
     # every rank hangs after building its model: only the signal can end this stage

@@ -189,9 +189,11 @@ def test_the_scenarios_standing_for_the_jobs_modules_have_no_position_embedding(
 CPU = 'tier = "cpu"\nbackend = "local"\nexpect = "oracle"\n'
 
 
-def test_cpu_tier_reloads_mtp_at_pp2_and_megatron_refuses_only_the_learned_embedding(tmp_path):
+@pytest.mark.parametrize("position", [pytest.param("none", marks=pytest.mark.slow), "learned_absolute"])
+def test_cpu_tier_reloads_mtp_at_pp2_and_megatron_refuses_only_the_learned_embedding(tmp_path, position):
     """Saved at tp1-etp1-ep2 on 2 gloo ranks, reloaded at pp 2 (the MTP block on the second
-    stage): with no position embedding every tensor loads; with the learned absolute one
+    stage): with no position embedding every tensor loads (-m slow; an MTP layer saved and
+    reloaded intact in `make test`: tests/test_modules.py); with the learned absolute one
     megatron-core's validation refuses its key, two main replicas, and the cell is the known
     refusal."""
     from harness import machine
@@ -200,17 +202,15 @@ def test_cpu_tier_reloads_mtp_at_pp2_and_megatron_refuses_only_the_learned_embed
     reason = machine.tier_skip_reason("cpu", 2)
     if reason:
         pytest.skip(reason)
-    cells = []
-    for position in ("none", "learned_absolute"):
-        s = _scenario(tmp_path, "tp1-etp1-ep2", ["tp1-etp1-ep1-pp2"], position=position,
-                      name=f"cpu-mtp-{position.replace('_', '-')}", head=CPU)
-        cells.append(_cell(s, "tp1-etp1-ep1-pp2"))
-    doc = run_cells(cells, tmp_path / "results", "mtp", jobs=1, out=io.StringIO())
-    got = {c["scenario"]: c for c in doc["cells"] if c["load_topology"]}
-    none, learned = got["cpu-mtp-none"], got["cpu-mtp-learned-absolute"]
-    assert none["outcome"] == "pass", (none["outcome"], none.get("message"), none.get("reason"))
-    assert none["verify"]["mismatch_count"] == 0 and none["model"]["position_embedding_type"] == "none"
-    assert (learned["expected"], learned["outcome"], learned["failing_key"]) == (
-        "mtp-embedding-refused", "known-refusal", KEY), learned
-    assert "tensor([[2]]" in learned["message"]  # two main replicas of the one shard
-    assert learned["model"]["position_embedding_type"] == "learned_absolute"
+    s = _scenario(tmp_path, "tp1-etp1-ep2", ["tp1-etp1-ep1-pp2"], position=position,
+                  name=f"cpu-mtp-{position.replace('_', '-')}", head=CPU)
+    doc = run_cells([_cell(s, "tp1-etp1-ep1-pp2")], tmp_path / "results", "mtp", jobs=1, out=io.StringIO())
+    (got,) = [c for c in doc["cells"] if c["load_topology"]]
+    if position == "none":
+        assert got["outcome"] == "pass", (got["outcome"], got.get("message"), got.get("reason"))
+        assert got["verify"]["mismatch_count"] == 0 and got["model"]["position_embedding_type"] == "none"
+        return
+    assert (got["expected"], got["outcome"], got["failing_key"]) == (
+        "mtp-embedding-refused", "known-refusal", KEY), got
+    assert "tensor([[2]]" in got["message"]  # two main replicas of the one shard
+    assert got["model"]["position_embedding_type"] == "learned_absolute"

@@ -97,6 +97,7 @@ def test_raise_on_the_second_node_is_the_cause(tmp_path, k, point):
     no_process_of(r)
 
 
+@pytest.mark.slow  # a stage timeout: tests/test_teardown.py; both agents torn down: the raise above
 def test_stage_timeout_kills_both_agents(tmp_path):
     # rank 3 hangs 6-10 s after the stage starts on the 2-core machine (other work beside it), and
     # a whole 4-rank stage of this program (two agents, rendezvous, ranks, teardown) took 9 s in a
@@ -113,6 +114,7 @@ def test_ranks_must_split_evenly(tmp_path):
         run_stage("save", tmp_path / "s", 3, [], 10.0, rank_module=PROGRAM, nodes=2)
 
 
+@pytest.mark.slow  # the two-agent world is test_two_agents_form_one_world's, the save every cell's
 def test_real_save_stage_across_two_agents(tmp_path):
     """The cpu-tier save of tp1-etp1-ep2 (megatron-core, NVFP4, dist_checkpointing) on 1+1 ranks."""
     from harness.rank.spec import StageSpec

@@ -34,6 +34,7 @@ loads = []
 SAVES = ("tp1-etp1-ep2-pp1", "tp1-etp1-ep1-pp1-w2")
 
 
+@pytest.mark.slow  # a pytest of pytest: the pool path is in tests/test_pool.py, the shared run dir in test_cells
 def test_two_xdist_workers_run_their_saves_on_their_own_pools(tmp_path):
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()

@@ -65,7 +65,7 @@ def _mcore() -> str:
 # Worlds 2 and 3 in `make test` (every rule and error form: tp != etp collides at both, world 3
 # is the odd one); 4..8 under -m slow (54 s for world 4 alone on 2 cores).
 @pytest.mark.cpu
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_oracle_matches_real_validation(world, tmp_path):
     failing = _check_world(world, tmp_path)
     assert failing > 0  # every world >= 2 has a failing shape (e.g. tp{w}-etp1-ep{w})

@@ -89,6 +89,7 @@ def pool_dir(root: Path, n: int) -> Path:
     return root / "pools" / f"w2-cpu-none-{n}"
 
 
+@pytest.mark.slow  # a failed pool stage: the timeout below kills and replaces a pool the same way
 def test_a_failure_names_the_same_cause_and_the_next_stage_gets_a_new_pool(saved):
     root, pools = saved
     warm = load(root, pools, "warm", "tp1-etp1-ep1-pp1-w2")  # a warm pool, whatever ran before
@@ -131,6 +132,7 @@ def test_a_timeout_kills_the_pool_in_bounded_time(saved):
     assert again.ok and pools.started == started + 1, again.summary()
 
 
+@pytest.mark.slow  # pool mode: the signal path in fork mode is tests/test_interrupts.py's
 @pytest.mark.parametrize("sig", [signal.SIGINT])
 def test_an_interrupt_tears_the_pool_down(tmp_path, monkeypatch, sig):
     """The CLI in pool mode, every rank hung: the signal ends the run in bounded time, the

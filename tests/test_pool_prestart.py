@@ -22,6 +22,7 @@ CELLS = [f"cpu-reshard[save={SAVE},save-only]",
          f"cpu-reshard[save={SAVE},load=tp1-etp1-ep1-pp1-w2]"]
 
 
+@pytest.mark.slow  # pool and fork records against fresh ones: pools in tests/test_pool.py, fork mode in every cpu cell
 @pytest.mark.cpu
 @pytest.mark.usefixtures("own_warm_parent")  # the fork run's parent: one, in its run, closed
 def test_repro_flow_prestarts_the_save_pool_that_serves_the_save_and_its_load(tmp_path, monkeypatch):

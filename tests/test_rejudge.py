@@ -29,6 +29,7 @@ def _listed() -> dict:
     return {(m[1], m[2]): (m[3], m[4]) for m in rows if m}
 
 
+@pytest.mark.slow  # every committed run; rejudging one: the tests below
 def test_rejudging_every_committed_run_changes_exactly_the_listed_cells():
     listed = _listed()
     # the logits rule, unreadable goldens, static amax, the restore dry run, then the

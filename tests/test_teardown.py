@@ -103,7 +103,7 @@ def check(r: StageRun, kind: str, k: int, nproc: int) -> None:
         assert r.teardown_s is not None and r.teardown_s <= PG_TIMEOUT_S + 5.0, info
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["fresh", pytest.param("fork", marks=pytest.mark.slow)])
 def test_clean_run_has_every_rank_result(tmp_path, request, mode):
     r = run(tmp_path, "", mode=mode, request=request)
     assert r.ok and r.cause is None and r.secondaries == [] and r.leftovers == [], r.summary()
@@ -112,25 +112,29 @@ def test_clean_run_has_every_rank_result(tmp_path, request, mode):
     assert r.teardown_s is None
 
 
-# Every kind at rank 0 (the store's host) and at another rank, in `make test` on 2 ranks, but a
-# mismatch on 4: with 2 ranks that both time out no call site is the odd one. Under -m slow:
-# every case on 4 ranks (and 8 in test_eight_ranks). A hang at rank 0 is slow-only.
+# `make test`: each kind of failure once, in one stage mode, on the smallest world that shows it
+# (2 ranks; a mismatch on 4: with 2 ranks that both time out no call site is the odd one), at
+# rank 0 (the store's host) for one kind and at another rank for the others. Under -m slow:
+# every case in both modes, every kind at rank 0 and another rank, on 4 ranks too (and 8 in
+# test_eight_ranks). A hang at rank 0 is slow-only.
 SLOW = pytest.mark.slow
 CASES = [(2, "raise", 1), (2, "raise", 0), (2, "sigkill", 1), (2, "sigkill", 0),
          (2, "abort", 1), (4, "mismatch", 3), (4, "mismatch", 0), (2, "hang", 1),
          *(pytest.param(4, kind, k, marks=SLOW) for kind, k in
            [("raise", 2), ("raise", 0), ("sigkill", 1), ("sigkill", 0), ("hang", 1), ("hang", 0)])]
+# (nproc, kind, k, mode) of `make test`: the exception forked; the kill at the store's host, the
+# mismatch and the hang in a fresh torchrun (an abort is a signal as the kill is: -m slow)
+FAST = {(2, "raise", 1, "fork"), (2, "sigkill", 0, "fresh"),
+        (4, "mismatch", 3, "fresh"), (2, "hang", 1, "fresh")}
 
 
 def in_both_modes(cases: list) -> list:
-    """Every case fresh and forked; a forked mismatch only under -m slow: what gloo does with an
-    odd-sized message does not depend on how the ranks started, and each costs up to the 15 s
-    group timeout."""
+    """Every case fresh and forked; the ones in FAST in `make test`, the rest under -m slow."""
     out = []
     for c in cases:
         values, marks = (c.values, list(c.marks)) if hasattr(c, "values") else (c, [])
         for mode in MODES:
-            slow = [SLOW] if mode == "fork" and values[1] == "mismatch" else []
+            slow = [] if (*values, mode) in FAST else [SLOW]
             out.append(pytest.param(*values, mode, marks=marks + slow))
     return out
 
@@ -155,7 +159,7 @@ def test_eight_ranks(tmp_path, kind, k):
     check(r, kind, k, 8)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [pytest.param("fresh", marks=pytest.mark.slow), "fork"])
 def test_stage_timeout_dumps_stacks_and_names_the_stuck_rank(tmp_path, request, mode):
     # 20 s: both ranks must be past start-up (imports) when it fires, on a loaded machine too
     r = stage(request, mode, "load", tmp_path / "load", 2, 20.0, {"HARNESS_INJECT": "hang:1:before_save"},
@@ -193,7 +197,7 @@ def test_repeated_injections(tmp_path, kind):
         check(r, kind, k, 4)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["fresh", pytest.param("fork", marks=pytest.mark.slow)])
 def test_peers_deaf_to_sigterm_are_killed_and_labelled(tmp_path, request, mode):
     """NCCL ranks blocked in a collective take no Python signal; here the peers of the raising
     rank ignore SIGTERM (tests/rank_programs/collectives.py): only the final kill ends them, and

@@ -53,7 +53,8 @@ def _word(line: str) -> str:
     return line.split(": ", 1)[1].split(" -> ", 1)[0]
 
 
-@pytest.mark.parametrize("flags", [("--modelopt", "0.48.0rc1"), ("--modelopt", "0.47.0")])
+@pytest.mark.parametrize("flags", [("--modelopt", "0.48.0rc1"),
+                                   pytest.param(("--modelopt", "0.47.0"), marks=pytest.mark.slow)])
 def test_a_recipe_file_with_the_shipped_kinds_gets_the_shipped_jobs_decision(tmp_path, flags):
     quarantine = _own_job(tmp_path, SAME_KINDS)
     shipped_code, shipped = _gate("--job", ULTRA, *flags)
