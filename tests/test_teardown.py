@@ -49,6 +49,9 @@ def stage(request, mode: str, name: str, stage_dir, nproc: int, timeout_s: float
                          pg_timeout_s=pg_timeout_s)
     parents, key = request.getfixturevalue("warm")
     parent = parents.get(key)
+    # the stage's bound is for the stage: a parent still importing (the file's first fork-mode
+    # case on a loaded machine) would spend it before any rank began
+    parent.refusal(wait_s=120)
     r = parents.run(key, name, stage_dir, nproc, [], timeout_s, env, rank_module=PROGRAM,
                     pg_timeout_s=pg_timeout_s)
     if not r.ok:
