@@ -332,3 +332,23 @@ def pool_key(root: Path, world: int):
     from harness.launch.pool import PoolKey
 
     return PoolKey.of(world, "cpu", "none", "local", root)
+
+
+def harness_cli(*args: str, timeout: float = 120, env: dict | None = None, cwd: Path = REPO_ROOT,
+                **popen_kw) -> bounded_process.Finished:
+    """``python -m harness ARGS`` in a child to its end, ``env`` over this process's environment;
+    past ``timeout`` its group is killed and the test fails (``bounded``)."""
+    return bounded([sys.executable, "-W", "ignore", "-m", "harness", *args], timeout, cwd=cwd,
+                   env={**os.environ, **(env or {})}, **popen_kw)
+
+
+def one_error_line(done, *words: str, code: int | None = None) -> str:
+    """The command failed (with exit ``code`` when given) with one line on stderr holding every
+    word, no traceback; returns the line."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 if code is None else done.returncode == code, \
+        (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]

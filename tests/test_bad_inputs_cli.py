@@ -17,29 +17,13 @@ import pytest
 
 from harness import machine, switches
 from harness.paths import REPO_ROOT
-from tests.helpers import bounded
+from tests.helpers import bounded, harness_cli, one_error_line
 
 pytestmark = pytest.mark.cpu
 
 RUNS = REPO_ROOT / "tests" / "data" / "runs"
 PATCHED_EVIDENCE = RUNS / "20261203-100332-eq-fresh.results.json"  # both jobs SAFE WITH PATCH
 BASELINE_PROFILES = REPO_ROOT / "tests" / "data" / "quarantine-nvfp4-default.toml"
-
-
-def _cli(*args: str, timeout: float = 120, env: dict | None = None, **kw):
-    return bounded([sys.executable, "-W", "ignore", "-m", "harness", *args], timeout, cwd=REPO_ROOT,
-                   env={**os.environ, **(env or {})}, **kw)
-
-
-def _one_error_line(done, *words: str) -> str:
-    """The run failed with one line on stderr (no traceback) holding every word; returns it."""
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode != 0, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    assert len(lines) == 1, done.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 # --- yes/no switches: one set of words (harness/switches.py), anything else refused ------------
@@ -73,9 +57,9 @@ def test_any_mcore_override_takes_yes(monkeypatch):
 
 
 def test_a_bad_switch_stops_the_cli_in_one_line():
-    done = _cli("run", "--cells", "nothing*", env={machine.MCORE_OVERRIDE: "sure"})
+    done = harness_cli("run", "--cells", "nothing*", env={machine.MCORE_OVERRIDE: "sure"})
     assert done.returncode == 2
-    _one_error_line(done, "HARNESS_ANY_MCORE='sure'", "1/true/yes")
+    one_error_line(done, "HARNESS_ANY_MCORE='sure'", "1/true/yes")
 
 
 def _gate(results: Path, patched: str):
@@ -98,7 +82,7 @@ def test_gate_patched_refuses_a_word_it_does_not_know(tmp_path):
     done = _gate(tmp_path, "patched")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "gate" not in done.stdout  # refused before any job is judged
-    _one_error_line(done, "GATE_PATCHED='patched'", "1/true/yes", "0/false/no")
+    one_error_line(done, "GATE_PATCHED='patched'", "1/true/yes", "0/false/no")
 
 
 # --- an option that does nothing with the others given is refused -----------------------------
@@ -114,9 +98,9 @@ WITNESS = RUNS / "20261202-122731-witness.results.json"
     (["sample", "--seed", "1", "--list", "--jobs", "4"], ["--jobs", "--list runs nothing"]),
 ])
 def test_an_idle_option_is_refused_in_one_line(args, words):
-    done = _cli(*args)
+    done = harness_cli(*args)
     assert done.returncode == 2 and done.stdout == "", done.stdout
-    _one_error_line(done, *words)
+    one_error_line(done, *words)
 
 
 # --- --results-root: a file, or a directory nobody may write in --------------------------------
@@ -157,7 +141,7 @@ def test_a_read_only_results_root_is_one_line_before_anything_runs(open_dir):
                     "--results-root", str(root), "repro", "--gpu", "no"], 120, cwd=REPO_ROOT)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == "", "nothing ran"
-    _one_error_line(done, f"--results-root {root}: no permission to write in it")
+    one_error_line(done, f"--results-root {root}: no permission to write in it")
     assert not any(root.iterdir())
 
 
@@ -166,11 +150,11 @@ def test_a_results_root_that_is_a_file_is_one_line(tmp_path, under):
     afile = tmp_path / "results.json"
     afile.write_text("{}")
     root = afile / under if under else afile
-    done = _cli("--results-root", str(root), "repro", "--gpu", "no")
+    done = harness_cli("--results-root", str(root), "repro", "--gpu", "no")
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == "", "nothing ran"
     what = "it" if not under else str(afile)
-    _one_error_line(done, f"--results-root {root}: {what} is a file, not a directory")
+    one_error_line(done, f"--results-root {root}: {what} is a file, not a directory")
 
 
 def test_a_report_beside_results_nobody_may_write_is_one_line(open_dir):
@@ -181,7 +165,7 @@ def test_a_report_beside_results_nobody_may_write_is_one_line(open_dir):
     done = bounded([*_unprivileged(), sys.executable, "-W", "ignore", "-m", "harness", "report",
                     str(run / "results.json")], 120, cwd=REPO_ROOT)
     assert done.returncode == 2, done.stdout + done.stderr
-    _one_error_line(done, f"{run / 'summary.md'}: cannot write the report beside", "PermissionError")
+    one_error_line(done, f"{run / 'summary.md'}: cannot write the report beside", "PermissionError")
 
 
 # --- Ctrl-C during make repro's first phase (the probe of the real validation, cpu tier) -------
@@ -248,9 +232,9 @@ def test_a_well_formed_file_recipe_loads(tmp_path, monkeypatch):
 # --- --scenario: a typo or a path ---------------------------------------------------------------
 
 def test_an_unknown_scenario_is_no_such_scenario_with_the_known_names():
-    done = _cli("run", "--scenario", "cpu-reshardd")
+    done = harness_cli("run", "--scenario", "cpu-reshardd")
     assert done.returncode == 2 and done.stdout == ""
-    _one_error_line(done, "--scenario 'cpu-reshardd': no such scenario",
+    one_error_line(done, "--scenario 'cpu-reshardd': no such scenario",
                     "did you mean 'cpu-reshard'?", "known: cpu-reshard, ")
 
 
@@ -319,9 +303,9 @@ def test_a_bad_quarantine_file_is_one_line_naming_file_and_key(tmp_path, old, ne
 
 def test_a_stand_in_scenario_no_scenario_has_is_one_line_with_the_closest(tmp_path):
     path = _quarantine(tmp_path, 'fix_scenario = "gpu-nano-recipe"', 'fix_scenario = "gpu-nano-recipes"')
-    done = _cli("verdict", "--quarantine", str(path), "--results", str(WITNESS))
+    done = harness_cli("verdict", "--quarantine", str(path), "--results", str(WITNESS))
     assert done.returncode == 2 and done.stdout == "", done.stdout
-    _one_error_line(done, f"--quarantine {path}: jobs[0].profile.fix_scenario: no scenario "
+    one_error_line(done, f"--quarantine {path}: jobs[0].profile.fix_scenario: no scenario "
                           "'gpu-nano-recipes' (did you mean 'gpu-nano-recipe'?")
 
 
@@ -338,9 +322,9 @@ def test_a_broken_quarantine_option_names_the_option_and_the_file(tmp_path, text
         path.mkdir()
     elif text != "missing":
         path.write_text(text)
-    done = _cli("verdict", "--quarantine", str(path), "--results", str(WITNESS))
+    done = harness_cli("verdict", "--quarantine", str(path), "--results", str(WITNESS))
     assert done.returncode == 2 and done.stdout == "", done.stdout
-    _one_error_line(done, f"--quarantine {path}: {words}")
+    one_error_line(done, f"--quarantine {path}: {words}")
 
 
 def test_the_committed_profiles_are_valid_and_a_toml_date_is_a_date(tmp_path):
@@ -360,7 +344,7 @@ def test_the_gate_script_on_a_broken_profile_file_is_one_line(tmp_path):
            "HARNESS_QUARANTINE": str(path)}
     done = bounded(["bash", "tools/unquarantine-gate.sh"], 120, cwd=REPO_ROOT, env=env)
     assert done.returncode == 2 and done.stdout == "", done.stdout
-    _one_error_line(done, f"{path}: jobs[0].name: required key missing")
+    one_error_line(done, f"{path}: jobs[0].name: required key missing")
 
 
 def test_repro_gpu_yes_without_a_gpu_tier_is_one_line_on_stderr(tmp_path):
@@ -368,6 +352,6 @@ def test_repro_gpu_yes_without_a_gpu_tier_is_one_line_on_stderr(tmp_path):
 
     if tier_skip_reason("gpu-shared", 8) is None:
         pytest.skip("a GPU tier runs here: --gpu yes would run the GPU cells")
-    done = _cli("--results-root", str(tmp_path), "repro", "--gpu", "yes")
+    done = harness_cli("--results-root", str(tmp_path), "repro", "--gpu", "yes")
     assert done.returncode == 2 and done.stdout == "", done.stdout
-    _one_error_line(done, "--gpu yes but tier gpu-shared needs")
+    one_error_line(done, "--gpu yes but tier gpu-shared needs")

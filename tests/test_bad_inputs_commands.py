@@ -7,34 +7,20 @@ checked; a refusal that names an option not given sends the reader to the wrong 
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
 
 from harness.machine import gpu_count
 from harness.paths import REPO_ROOT
-from tests.helpers import bounded
+from tests.helpers import harness_cli, one_error_line
 
 pytestmark = pytest.mark.cpu
 
 
-def _cli(*args: str):
-    return bounded([sys.executable, "-W", "ignore", "-m", "harness", *args], 180, cwd=REPO_ROOT,
-                   env=dict(os.environ))
-
-
-def _one_line(done, *words: str) -> str:
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
-    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
-
-
 def test_verdict_mcore_alone_names_mcore():
-    line = _one_line(_cli("verdict", "--mcore", "0.19.2"), "--mcore needs --modelopt")
+    line = one_error_line(harness_cli("verdict", "--mcore", "0.19.2", timeout=180),
+                          "--mcore needs --modelopt", code=2)
     assert not line.startswith("error: --modelopt"), line
 
 
@@ -44,15 +30,15 @@ def test_verdict_mcore_alone_names_mcore():
 ])
 def test_recipes_refuses_a_recipe_that_is_none(tmp_path, ref, words):
     ref = ref.format(tmp=tmp_path)
-    done = _cli("recipes", ref)
-    _one_line(done, *words)
+    done = harness_cli("recipes", ref, timeout=180)
+    one_error_line(done, *words, code=2)
     assert "Recipes of" not in done.stdout  # no table of 0
 
 
 def test_matrix_refuses_a_modelopt_that_is_no_version_before_any_environment(tmp_path):
     root = tmp_path / "results"
-    done = _cli("--results-root", str(root), "matrix", "--modelopt", "notaversion")
-    _one_line(done, "--modelopt 'notaversion'", "not a version")
+    done = harness_cli("--results-root", str(root), "matrix", "--modelopt", "notaversion", timeout=180)
+    one_error_line(done, "--modelopt 'notaversion'", "not a version", code=2)
     assert not root.exists()  # no matrix-* run folder
     assert not (REPO_ROOT / ".venv-modelopt-notaversion").exists()
 
@@ -60,17 +46,17 @@ def test_matrix_refuses_a_modelopt_that_is_no_version_before_any_environment(tmp
 @pytest.mark.skipif(gpu_count() > 0, reason="a GPU host can run the gpu tiers")
 def test_a_run_of_cells_none_of_which_can_run_here_is_refused(tmp_path):
     root = tmp_path / "results"
-    done = _cli("--results-root", str(root), "run", "--scenario", "gpu-witness", "--cells",
-                "*save=tp2-etp1-ep2*")
-    _one_line(done, "none of the 8 cells can run here", "needs a CUDA GPU")
+    done = harness_cli("--results-root", str(root), "run", "--scenario", "gpu-witness", "--cells",
+                       "*save=tp2-etp1-ep2*", timeout=180)
+    one_error_line(done, "none of the 8 cells can run here", "needs a CUDA GPU", code=2)
     assert not root.exists()
 
 
 @pytest.mark.skipif(gpu_count() > 0, reason="a GPU host can make a golden")
 def test_golden_make_without_a_gpu_is_refused_up_front(tmp_path):
     out = tmp_path / "gm"
-    done = _cli("golden", "make", str(out), "--topology", "tp1-etp1-ep1")
-    _one_line(done, "golden make --tier gpu-shared", "needs a CUDA GPU", "nothing written")
+    done = harness_cli("golden", "make", str(out), "--topology", "tp1-etp1-ep1", timeout=180)
+    one_error_line(done, "golden make --tier gpu-shared", "needs a CUDA GPU", "nothing written", code=2)
     assert not out.exists()
 
 

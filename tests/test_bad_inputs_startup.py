@@ -18,26 +18,11 @@ import pytest
 
 from harness import switches
 from harness.paths import REPO_ROOT
-from tests.helpers import bounded
+from tests.helpers import bounded, harness_cli, one_error_line
 
 pytestmark = pytest.mark.cpu
 
 RUN_FOLDER = re.compile(r"\d{8}-\d{6}-")  # results/<run-id>: a run's folder
-
-
-def _cli(*args: str, env: dict | None = None, cwd: Path = REPO_ROOT):
-    return bounded([sys.executable, "-W", "ignore", "-m", "harness", *args], 120, cwd=cwd,
-                   env={**os.environ, **(env or {})})
-
-
-def _one_line(done, *words: str) -> str:
-    """Exit 2 with one line on stderr holding every word, no traceback; returns the line."""
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
-    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 def _run_folders(where: Path) -> set[str]:
@@ -48,8 +33,8 @@ def _run_folders(where: Path) -> set[str]:
 
 @pytest.mark.parametrize("name", ["HARNESS_PG_TIMEOUT_S", "HARNESS_FORK_SIBLING_WAIT_S"])
 def test_a_bad_numeric_variable_stops_repro_at_once(tmp_path, name):
-    done = _cli("--results-root", str(tmp_path / "r"), "repro", env={name: "abc"})
-    _one_line(done, f"{name}='abc'", "not a number")
+    done = harness_cli("--results-root", str(tmp_path / "r"), "repro", env={name: "abc"})
+    one_error_line(done, f"{name}='abc'", "not a number", code=2)
     assert not (tmp_path / "r").exists()  # nothing ran, nothing written
 
 
@@ -97,8 +82,8 @@ def test_every_numeric_variable_is_read_through_switches(tmp_path):
 
 def test_an_empty_results_root_is_refused_not_read_as_the_checkout():
     before = _run_folders(REPO_ROOT)
-    done = _cli("--results-root", "", "repro")
-    _one_line(done, "--results-root is empty")
+    done = harness_cli("--results-root", "", "repro")
+    one_error_line(done, "--results-root is empty", code=2)
     assert _run_folders(REPO_ROOT) == before
 
 
@@ -112,8 +97,8 @@ def _proc_mount() -> Path:
 def test_a_results_root_where_nothing_can_be_made_is_one_line():
     """Root may write anywhere by its permissions, yet the proc filesystem takes no directory."""
     root = _proc_mount() / "harness-results"
-    done = _cli("--results-root", str(root), "repro")
-    _one_line(done, f"--results-root {root}", "no directory can be made")
+    done = harness_cli("--results-root", str(root), "repro")
+    one_error_line(done, f"--results-root {root}", "no directory can be made", code=2)
 
 
 def test_make_repro_with_an_empty_results_is_refused_naming_it():
