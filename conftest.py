@@ -168,6 +168,12 @@ def _unit_name(item) -> str:
     return "_".join(names) if names else _work_unit(item.nodeid)
 
 
+def _scenario_name(item) -> str | None:
+    """The scenario of a cell's item (None for any other test, or a bad scenario file's item)."""
+    cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
+    return getattr(getattr(cell, "scenario", None), "name", None)
+
+
 def _keep_shard(config, items: list) -> None:
     from harness.report.jobs import deciding_scenarios
     from harness.scenario.shards import parse_shard, split
@@ -175,10 +181,7 @@ def _keep_shard(config, items: list) -> None:
     k, n = parse_shard(config.getoption("--shard"))
     units = _unit_costs(items, _unit_name)
     deciding = deciding_scenarios()
-    first = {_unit_name(i) for i in items
-             if getattr(getattr(getattr(i, "callspec", None), "params", {}).get("cell"),
-                        "scenario", None) is not None
-             and i.callspec.params["cell"].scenario.name in deciding}
+    first = {_unit_name(i) for i in items if _scenario_name(i) in deciding}
     kept = set(split(units, first, n)[k - 1])
     config.hook.pytest_deselected(items=[i for i in items if _unit_name(i) not in kept])
     items[:] = [i for i in items if _unit_name(i) in kept]
