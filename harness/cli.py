@@ -183,6 +183,10 @@ def parser() -> argparse.ArgumentParser:
                     help="loads drawn per (save topology, model size): cells sharing a save share its stage")
     sm.add_argument("--tier", choices=TIERS, default=Tier.GPU_SHARED)
     sm.add_argument("--patch", choices=PATCHES, default=Patch.NONE.value)
+    sm.add_argument("--library", default=None, metavar="RELEASE",
+                    help="draw each save's recipe from this ModelOpt release's library (its forecast "
+                         "file from `harness recipes`) and its optional modules; default: the "
+                         "default recipe, no modules")
     sm.add_argument("--slice", default="", metavar="K/N",
                     help="run the K-th of N slices of the draw (whole saves each; the N slices are the draw)")
     sm.add_argument("--list", action="store_true", help="print the drawn cells, run nothing")

@@ -92,7 +92,8 @@ def cmd_sample(args) -> int:
 
     try:
         scenarios = sample_scenarios(args.seed, args.cells, max_ranks=args.ranks, tier=args.tier,
-                                     patch=args.patch, loads_per_save=args.loads_per_save)
+                                     patch=args.patch, loads_per_save=args.loads_per_save,
+                                     library=args.library)
         if args.slice:
             scenarios = slice_of(scenarios, *parse_slice(args.slice))
     except ValueError as exc:

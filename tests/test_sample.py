@@ -40,7 +40,7 @@ def test_draws_are_valid_distinct_within_budget_and_off_the_committed_grid(ranks
 
 def test_the_grid_its_excluded_from_is_the_committed_one():
     """The issue's own 64-expert pair is committed (scenarios/gpu_cross_topology.toml)."""
-    keys = {(s, l) for s, l, size in committed_cells() if size.num_experts == 64 and size.num_layers == 4}
+    keys = {(s, l) for s, l, size, _ in committed_cells() if size.num_experts == 64 and size.num_layers == 4}
     assert ("tp2-etp2-ep2-pp1", "tp4-etp2-ep1-pp1") in keys
 
 
@@ -94,3 +94,34 @@ def test_slices_split_the_draw_by_whole_saves_and_together_are_the_draw(capsys):
     for bad in ("3/2", "0/2", "1-2"):
         assert cli.main(["sample", "--seed", "25", "--cells", "5", "--slice", bad, "--list"]) == 2
         assert "--slice" in capsys.readouterr().err
+
+
+def test_a_library_draw_takes_recipes_and_modules_from_the_release_library():
+    """--library: each save's recipe is one of the release's library recipes that quantize routed
+    experts (its committed forecast file), and its optional modules vary; the same seed, the
+    same draw."""
+    from harness.check.matching import library
+    from harness.scenario.sample import MODULE_DRAWS
+
+    recipes = library("0.47.0")
+    assert "modelopt:models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6" in recipes
+    assert "modelopt:general/auto_quantize/nvfp4_fp8_at_5p4bits" not in recipes  # no quantize section
+    a = sample_scenarios(7, 40, loads_per_save=2, library="0.47.0")
+    assert [(s.recipe, s.size) for s in a] == [(s.recipe, s.size) for s in
+                                              sample_scenarios(7, 40, loads_per_save=2, library="0.47.0")]
+    assert {s.recipe for s in a} <= set(recipes) and len({s.recipe for s in a}) >= 8
+    module_fields = {f for m in MODULE_DRAWS for f in m}
+    drawn = [set(s.size.as_dict()) & module_fields for s in a]
+    assert any(drawn) and not all(drawn)  # some saves have modules, some none
+    assert all(field in set().union(*drawn) for field in module_fields)
+    for s in a:
+        assert s.source == "harness sample --seed 7 --library 0.47.0"
+        for t in s.saves + s.loads:
+            assert not t.problems(s.size), (t, s.size)
+
+
+def test_a_library_draw_without_that_release_forecast_is_one_line(capsys):
+    assert cli.main(["sample", "--seed", "7", "--cells", "4", "--library", "0.1.0", "--list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "no forecast of ModelOpt 0.1.0's library" in err and "modelopt-0.1.0.json" in err

@@ -71,6 +71,17 @@ def matched(ref: str, modelopt: str | None, families: tuple[str, ...] | None = N
     return Matched(kinds)
 
 
+def library(modelopt: str, root: Path | None = None) -> list[str]:
+    """Every recipe of ModelOpt ``modelopt``'s library whose own matching gives the routed experts
+    a kind, sorted (what ``harness sample --library`` draws from); ValueError, in one line, where
+    the release's forecast file was not computed here."""
+    rows = _rows(forecast_file(modelopt, root))
+    if rows is None:
+        raise ValueError(f"no forecast of ModelOpt {release(modelopt)}'s library "
+                         f"({shown_path(forecast_file(modelopt, root))}; run `{MAKER}` under it)")
+    return sorted(ref for ref, row in rows.items() if EXPERTS in (row.get("forecast") or {}))
+
+
 def write(doc: dict, root: Path | None = None) -> Path:
     """The survey's document (harness/rank/recipe_survey.py ``main``) as the forecast file of its
     release: per recipe, its forecast kinds or why it is left out."""

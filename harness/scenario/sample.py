@@ -2,7 +2,11 @@
 
 Each draw is a save topology, a load topology and a model size (layers, experts, top-k) that
 the committed scenarios do not have, valid for that size (harness/topology/topology.py),
-within a rank budget. Every draw becomes an ordinary Scenario (a save-only cell and the save ->
+within a rank budget. With ``--library RELEASE`` each save also draws its quantization recipe
+from that ModelOpt release's whole library (the recipes whose own matching quantizes routed
+experts: harness/check/matching.py ``library``) and its optional modules (MODULE_DRAWS): the
+jobs' recipes are not the default one, and a judge that knows only the committed recipes would
+pass the grid and fail off it. Every draw becomes an ordinary Scenario (a save-only cell and the save ->
 load cell) with ``expect = "oracle"``: its expectation comes from the rules of the modelopt
 that runs it, so every sampled cell checks rule agreement. The same seed gives the same cells.
 """
@@ -12,6 +16,8 @@ import random
 from dataclasses import dataclass, replace
 
 from harness.model.gpt import ModelSize, default_size
+from harness.model.recipes import DEFAULT_RECIPE
+from harness.check import matching
 from harness.records import ExpectMode, Patch
 from harness.scenario.cells import Scenario
 from harness.scenario.scenarios import load_all
@@ -26,6 +32,15 @@ EXPERTS = (8, 16, 32, 64, 128)
 TOPK = (2, 4, 6, 8)
 MAX_ETP, MAX_PP = 4, 2
 DEFAULT_RANKS = 8  # gloo ranks sharing one H200 (tier gpu-shared)
+# The optional modules a library draw switches on, each on a coin of its own (harness/model/
+# modules.py): a shared expert, the sigmoid router with expert bias, one MTP layer, no position
+# embedding (Nemotron-3's); each is a ModelSize field set, off at its default.
+MODULE_DRAWS = (
+    {"moe_shared_expert_intermediate_size": 64},
+    {"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True},
+    {"mtp_num_layers": 1},
+    {"position_embedding_type": "none"},
+)
 
 
 @dataclass(frozen=True)
@@ -33,21 +48,25 @@ class Draw:
     save: Topology
     load: Topology
     size: ModelSize
+    recipe: str = DEFAULT_RECIPE
 
     @property
     def key(self) -> tuple:
-        return (self.save.id, self.load.id, self.size)
+        return (self.save.id, self.load.id, self.size, self.recipe)
 
 
 def committed_cells() -> set[tuple]:
     """(save id, load id, size) of every committed scenario's load cell."""
-    return {(c.save.id, c.load.id, c.scenario.size) for s in load_all() for c in s.cells()
-            if c.load is not None and not c.golden}
+    return {(c.save.id, c.load.id, c.scenario.size, c.scenario.recipe) for s in load_all()
+            for c in s.cells() if c.load is not None and not c.golden}
 
 
 def draw_cells(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str = Tier.GPU_SHARED,
-               exclude: set[tuple] | None = None, loads_per_save: int = 1) -> list[Draw]:
+               exclude: set[tuple] | None = None, loads_per_save: int = 1,
+               recipes: list[str] | None = None) -> list[Draw]:
     """``count`` distinct draws, none in ``exclude`` (default: the committed grid's cells).
+    ``recipes``: each (save, model) also draws one of them and its optional modules; None keeps
+    the default recipe and no modules (the draws of a seed are then those before recipes were).
 
     Each drawn (save topology, model size) gets up to ``loads_per_save`` distinct loads: cells
     sharing a save share its stage, as in the committed grids (fewer stages per cell on the GPU).
@@ -68,10 +87,18 @@ def draw_cells(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str 
         experts = rng.choice(EXPERTS)
         size = replace(base, num_layers=rng.choice(LAYERS), num_experts=experts,
                        moe_router_topk=rng.choice([k for k in TOPK if k <= experts]))
+        recipe = DEFAULT_RECIPE
+        if recipes:
+            recipe = rng.choice(recipes)
+            for fields in MODULE_DRAWS:
+                if rng.random() < 0.5:
+                    size = replace(size, **fields)
         topos = _topologies(max_ranks, max_pp, size, facts(tier).backend == Backend.LOCAL)
+        if not topos:
+            continue
         save = rng.choice(topos)
         for load in rng.sample(topos, min(len(topos), loads_per_save + 1)):
-            d = Draw(save, load, size)
+            d = Draw(save, load, size, recipe)
             if load == save or d.key in seen or len(out) >= count or _drawn_loads(out, d) >= loads_per_save:
                 continue
             seen.add(d.key)
@@ -80,7 +107,7 @@ def draw_cells(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str 
 
 
 def _drawn_loads(drawn: list[Draw], d: Draw) -> int:
-    return sum(1 for x in drawn if x.save == d.save and x.size == d.size)
+    return sum(1 for x in drawn if (x.save, x.size, x.recipe) == (d.save, d.size, d.recipe))
 
 
 def _topologies(max_ranks: int, max_pp: int, size: ModelSize, local_backend: bool) -> list[Topology]:
@@ -99,23 +126,32 @@ def _topologies(max_ranks: int, max_pp: int, size: ModelSize, local_backend: boo
 
 def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier: str = Tier.GPU_SHARED,
                      patch: str = Patch.NONE, exclude: set[tuple] | None = None,
-                     loads_per_save: int = 1) -> list[Scenario]:
-    """One ordinary scenario per drawn (save, model size), named ``sample-s<seed>-<i>``, with its
-    save-only cell and its loads (each scenario has its own model size, so its own save)."""
+                     loads_per_save: int = 1, library: str | None = None) -> list[Scenario]:
+    """One ordinary scenario per drawn (save, model, recipe), named ``sample-s<seed>-<i>``, with
+    its save-only cell and its loads (each scenario has its own model, so its own save).
+    ``library``: the ModelOpt release whose recipe library the recipes are drawn from."""
     backend = facts(tier).backend
+    recipes = matching.library(library) if library else None
     groups: dict[tuple, list[Draw]] = {}
-    for d in draw_cells(seed, count, max_ranks, tier, exclude, loads_per_save):
-        groups.setdefault((d.save, d.size), []).append(d)
+    for d in draw_cells(seed, count, max_ranks, tier, exclude, loads_per_save, recipes):
+        groups.setdefault((d.save, d.size, d.recipe), []).append(d)
+    source = f"harness sample --seed {seed}" + (f" --library {library}" if library else "")
     out = []
-    for i, ((save, s), draws) in enumerate(groups.items()):
+    for i, ((save, s, recipe), draws) in enumerate(groups.items()):
         out.append(Scenario(
             name=f"sample-s{seed}-{i:03d}",
             description=(f"sampled (seed {seed}): {s.num_layers} layers, {s.num_experts} experts, "
-                         f"top-{s.moe_router_topk}; save {save.id}"),
-            tier=tier, backend=backend, patch=patch, expect=ExpectMode.ORACLE, size=s,
+                         f"top-{s.moe_router_topk}{_modules_text(s)}; save {save.id}"
+                         + (f"; recipe {recipe}" if recipes else "")),
+            tier=tier, backend=backend, patch=patch, expect=ExpectMode.ORACLE, size=s, recipe=recipe,
             saves=(save,), loads=tuple(d.load for d in draws), logits_reference="load-topology",
-            stage_timeout_s=300.0, source=f"harness sample --seed {seed}"))
+            stage_timeout_s=300.0, source=source))
     return out
+
+
+def _modules_text(size: ModelSize) -> str:
+    on = [k for k in size.as_dict() if k in {f for m in MODULE_DRAWS for f in m}]
+    return f"; modules {', '.join(on)}" if on else ""
 
 
 def slice_of(scenarios: list[Scenario], part: int, parts: int) -> list[Scenario]:
@@ -142,4 +178,6 @@ def describe(scenarios: list[Scenario]) -> str:
     """One line per sampled load cell (``--list``)."""
     return "\n".join(f"{s.name}: save {s.saves[0].id} -> load {l.id}; layers {s.size.num_layers}, "
                      f"experts {s.size.num_experts}, top-{s.size.moe_router_topk}"
+                     f"{_modules_text(s.size)}"
+                     + (f"; recipe {s.recipe}" if s.recipe != DEFAULT_RECIPE else "")
                      for s in scenarios for l in s.loads)
