@@ -10,6 +10,8 @@ that leaves a reshard undecided).
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harness.check import judge
@@ -193,3 +195,35 @@ def test_a_failure_of_the_harness_or_megatron_is_not_modelopts():
         assert not raised_in_modelopt(exc), filename
     assert raised_in_modelopt(_raise_from("/site/modelopt/torch/opt/dynamic.py",
                                           "raise ValueError('refused')"))
+
+
+def test_the_survey_process_keeps_the_callers_pythonpath(monkeypatch):
+    """A ModelOpt release put ahead of the base one on PYTHONPATH (tools/matrix-env.sh, system
+    mode) is the one surveyed: the survey's own process keeps that path after the repository's."""
+    import harness.bounded
+    from harness.paths import REPO_ROOT
+    from harness.rank import recipe_survey
+
+    seen = {}
+
+    def fake_run(argv, timeout_s, **kw):
+        seen.update(kw["env"])
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(harness.bounded, "run", fake_run)
+    monkeypatch.setenv("PYTHONPATH", "/opt/modelopt-next")
+    with pytest.raises(RuntimeError, match="stop here"):
+        recipe_survey.in_own_process(["mtq:NVFP4_DEFAULT_CFG"])
+    assert seen["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), "/opt/modelopt-next"]
+
+
+def test_a_modelopt_whose_megatron_plugin_did_not_register_is_refused_not_surveyed(monkeypatch):
+    """ModelOpt 0.48.0rc1 without Transformer Engine converts no megatron-core linear: the survey
+    says so in one line instead of forecasting "no routed-expert weight" for every recipe."""
+    import torch
+
+    from harness.rank import recipe_survey
+
+    monkeypatch.setattr(recipe_survey, "survey_model", lambda: (torch.nn.Sequential(), None))
+    with pytest.raises(recipe_survey.SurveyImpossible, match="converted none of megatron-core's linear"):
+        recipe_survey._check_the_plugin_converts("0.48.0rc1")

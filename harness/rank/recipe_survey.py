@@ -142,6 +142,29 @@ def _algorithm(algorithm) -> str:
     return str(algorithm)
 
 
+class SurveyImpossible(RuntimeError):
+    """This machine's ModelOpt converts none of the survey model's megatron-core linears."""
+
+
+def _check_the_plugin_converts(version: str) -> None:
+    """Refuse, in one line, where ModelOpt's Megatron plugin did not register: every recipe would
+    then read as "quantizes no routed-expert weight", a false forecast. ModelOpt 0.48.0rc1's
+    plugin imports megatron.core.extensions.transformer_engine at its top
+    (modelopt/torch/quantization/plugins/megatron.py:33), so without Transformer Engine (the cpu
+    tier) ``import_plugin("megatron")`` skips it and nothing is converted."""
+    from modelopt.torch.quantization.conversion import replace_quant_module
+
+    model, _ = survey_model()
+    with contextlib.redirect_stdout(io.StringIO()):
+        replace_quant_module(model)
+    if not list(weight_quantizers(model)):
+        raise SurveyImpossible(
+            f"ModelOpt {version} converted none of megatron-core's linear layers here (its Megatron "
+            "plugin did not register: without Transformer Engine it does not import), so its "
+            "matching cannot be surveyed on this machine; run `python -m harness recipes` on a "
+            "GPU host with Transformer Engine")
+
+
 def main(refs: list[str], forecast_only: bool = False) -> dict:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -158,6 +181,7 @@ def main(refs: list[str], forecast_only: bool = False) -> dict:
         init_rank(Topology.parse(SURVEY_TOPOLOGY), Tier.CPU, 120)
         import modelopt
 
+        _check_the_plugin_converts(modelopt.__version__)
         rows = [survey_one(ref, forecast_only) for ref in (refs or mtq_constants() + library_files())]
         dist.destroy_process_group()
     return {"modelopt": modelopt.__version__, "model": "cpu tier: local spec, SequentialMLP "
@@ -179,7 +203,10 @@ def in_own_process(refs: list[str], forecast_only: bool = False,
     from harness.bounded import run
     from harness.paths import REPO_ROOT
 
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # the repository first, the caller's PYTHONPATH kept: a ModelOpt release put ahead of the
+    # base one there (tools/matrix-env.sh, system mode) is the one surveyed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     argv = [sys.executable, "-m", SURVEY_MODULE, *([FORECAST_ONLY] if forecast_only else []), *refs]
     done = run(argv, timeout_s, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                stderr=subprocess.PIPE, text=True)
@@ -194,5 +221,9 @@ def in_own_process(refs: list[str], forecast_only: bool = False,
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    doc = main([a for a in args if a != FORECAST_ONLY], FORECAST_ONLY in args)
+    try:
+        doc = main([a for a in args if a != FORECAST_ONLY], FORECAST_ONLY in args)
+    except SurveyImpossible as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)
     print(PREFIX + json.dumps(doc), flush=True)
