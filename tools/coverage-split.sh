@@ -3,7 +3,8 @@
 # `make test-slow`, each under coverage (the pytest-xdist workers, torchrun's ranks and forked
 # ranks too), combines each, and prints the comparison (tools/coverage_split.py): the lines of
 # harness/ and moe_ckpt_fix/ covered by both suites together, by `make test` alone, the ratio,
-# and per module the lines only `make test-slow` reaches. docs/coverage-split.md is its output.
+# and per module the lines only `make test-slow` reaches. docs/coverage-split.md describes it
+# and has its last figure.
 #   bash tools/coverage-split.sh               both suites, then the comparison
 #   COVERAGE_REUSE=1 bash tools/coverage-split.sh   the comparison of the data already there
 # Data and each suite's results under $COVERAGE_OUT (default results/coverage); each suite is
