@@ -44,7 +44,8 @@ EXPERT_BIAS_SCORES = ("sigmoid", "sqrtsoftplus")  # transformer/transformer_conf
 # ones (rope, mrope, yarn): the harness's forward passes no rotary arguments, and
 # RotaryEmbedding moves its frequencies to torch.cuda.current_device() on a forward
 # (models/common/embeddings/rotary_pos_embedding.py:162), which the cpu tier has not.
-POSITION_EMBEDDINGS = ("learned_absolute", "none")
+LEARNED_ABSOLUTE, NO_POSITION_EMBEDDING = "learned_absolute", "none"
+POSITION_EMBEDDINGS = (LEARNED_ABSOLUTE, NO_POSITION_EMBEDDING)
 # The layer symbols of models/hybrid/hybrid_layer_allocation.py:17-25 that Nemotron-3 uses:
 # M Mamba, * attention, - MLP, E MoE; "|" ends a pipeline stage, "/" starts an MTP depth.
 HYBRID_PATTERN_RE = r"^[-M*E|]+(?:/[-M*E]+)*$"

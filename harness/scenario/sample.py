@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass, replace
 
 from harness.model.gpt import ModelSize, default_size
+from harness.model.modules import NO_POSITION_EMBEDDING
 from harness.model.recipes import DEFAULT_RECIPE
 from harness.check import matching
 from harness.records import ExpectMode, Patch
@@ -39,7 +40,7 @@ MODULE_DRAWS = (
     {"moe_shared_expert_intermediate_size": 64},
     {"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True},
     {"mtp_num_layers": 1},
-    {"position_embedding_type": "none"},
+    {"position_embedding_type": NO_POSITION_EMBEDDING},
 )
 
 
