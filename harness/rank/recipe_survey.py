@@ -111,7 +111,8 @@ def survey_one(ref: str, forecast_only: bool = False) -> dict:
     except RecipeError as exc:
         return {**row, "left_out": str(exc).removeprefix(f"{ref}: ")}
     except Exception as exc:  # noqa: BLE001  (a library file that is no recipe, or broken)
-        said = re.sub(r"\S*/site-packages/", "", str(exc))  # the same words on every machine
+        # the library's own path, not the machine's: the same words on every machine
+        said = re.sub(r"\S*/(?=modelopt_recipes/)", "", str(exc))
         return {**row, "left_out": f"not loadable: {type(exc).__name__}: {said[:200]}"}
     row["algorithm"] = _algorithm(config.get("algorithm"))
     if EXPERTS not in configured_kinds(config["quant_cfg"], only_named=True):
