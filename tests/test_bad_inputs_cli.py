@@ -170,6 +170,7 @@ def test_a_report_beside_results_nobody_may_write_is_one_line(open_dir):
 
 # --- Ctrl-C during make repro's first phase (the probe of the real validation, cpu tier) -------
 
+@pytest.mark.slow  # the signal path stays in tests/test_interrupts.py
 def test_ctrl_c_during_the_repro_probe_leaves_its_results_marked_interrupted(tmp_path):
     """The signal's line promises a partial results.json: the probe's run directory gets one,
     marked incomplete, as a stopped cell run's is; no traceback, no later phase started."""

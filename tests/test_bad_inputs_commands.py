@@ -28,6 +28,7 @@ def test_verdict_mcore_alone_names_mcore():
     ("mtq:NOPE", ["recipe mtq:NOPE", "_CFG"]),
     ("file:{tmp}/nonexistent.yaml", ["nonexistent.yaml", "not loadable"]),
 ])
+@pytest.mark.slow  # a real survey per bad name
 def test_recipes_refuses_a_recipe_that_is_none(tmp_path, ref, words):
     ref = ref.format(tmp=tmp_path)
     done = harness_cli("recipes", ref, timeout=180)

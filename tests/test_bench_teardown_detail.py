@@ -145,6 +145,7 @@ def test_inject_ranks_pick_the_rank_of_each_run():
         B.injected_ranks("x,1", 4, 1)
 
 
+@pytest.mark.slow  # the signal path stays in tests/test_interrupts.py
 def test_a_sigterm_to_the_bench_takes_its_running_stage_down(tmp_path):
     """``timeout`` SIGTERMs the bench while a stage's ranks hang: every rank goes with it (on the
     H100 a bench cut by its bound left 14 ranks holding GPU memory)."""

@@ -84,7 +84,7 @@ def _results_without_evidence(tmp_path):
 
 @pytest.mark.parametrize("target, script, lines, word", [
     pytest.param("verdict", "tools/verdict.sh", 1, "NO EVIDENCE", marks=pytest.mark.slow),
-    ("gate", "tools/unquarantine-gate.sh", 4, "INCOMPLETE -> exit 4")])
+    pytest.param("gate", "tools/unquarantine-gate.sh", 4, "INCOMPLETE -> exit 4", marks=pytest.mark.slow)])
 def test_no_evidence_exits_4_through_the_script_and_fails_make(tmp_path, target, script, lines, word):
     """Nothing decides: 4 for the plain verdict (NO EVIDENCE; it exited 0) as for the gate (whose
     line names what would decide); make fails with GNU make's own 2 for any failed recipe, its

@@ -59,6 +59,7 @@ def test_the_store_server_listens_on_the_ipv4_loopback_only():
     assert TCPStore("127.0.0.1", port, 1, False, timedelta(seconds=30)).get("t/k") == b"v"
 
 
+@pytest.mark.slow  # fork mode runs in every cpu cell of tests/test_cells.py
 def test_forked_ranks_meet_before_they_run(tmp_path):
     """A real fork-mode stage: each of its 4 ranks said it was forked, under the agent's run id."""
     parents = WarmParents()

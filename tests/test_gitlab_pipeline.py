@@ -256,8 +256,8 @@ quoted:
 
 
 @pytest.mark.parametrize("branch,jobs", [("feat-12", {"plain", "nocase", "quoted"}),
-                                         ("FEAT-x", {"nocase", "negated"}),
-                                         ("main", {"negated"})])
+                                         pytest.param("FEAT-x", {"nocase", "negated"}, marks=pytest.mark.slow),
+                                         pytest.param("main", {"negated"}, marks=pytest.mark.slow)])
 def test_regex_rules_are_evaluated_by_re2(gcl, tmp_path, branch, jobs):
     """`=~` / `!~` rules go through the `re2` module, here tools/gitlab-ci-local-re2 (RE2 as
     WebAssembly): flags, anchors, negation and the quoted form pick the jobs GitLab would."""

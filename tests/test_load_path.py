@@ -27,11 +27,13 @@ def loads(tmp_path_factory) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # real loads at each strictness
 def test_the_default_strictness_refuses_a_key_the_checkpoint_lacks(loads):
     got = loads["assume_ok_unexpected"]
     assert got["raised"] == "CheckpointException" and got["b"] == [1.0 + ord("b")] * 4
 
 
+@pytest.mark.slow  # real loads at each strictness
 def test_log_all_only_logs_it_and_the_model_keeps_its_own_value(loads):
     got = loads["log_all+megatron-lm"]
     assert got["raised"] is None
@@ -41,6 +43,7 @@ def test_log_all_only_logs_it_and_the_model_keeps_its_own_value(loads):
     assert any("Megatron-LM's load_checkpoint loads once more non-strict" in n for n in got["notes"])
 
 
+@pytest.mark.slow  # real loads at each strictness
 def test_without_megatron_lm_mode_the_strict_load_state_dict_raises(loads):
     assert loads["log_all"]["raised"] == "RuntimeError"
 

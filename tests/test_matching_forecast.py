@@ -71,6 +71,7 @@ def _collided_save(modelopt) -> StageResult:
                        environment={"nvidia-modelopt": modelopt, "megatron-core": "0.19.2"})
 
 
+@pytest.mark.slow  # a second real survey; tests/test_recipe_survey.py runs one
 def test_the_survey_gives_the_experts_only_recipe_scalar_experts_and_the_kv_recipe_none(survey):
     rows = {r["recipe"]: r for r in survey["rows"]}
     assert recipe_facts(EXPERTS_ONLY) is None and recipe_facts(KV_ONLY) is None  # not hand-kept
@@ -110,6 +111,7 @@ def test_a_release_whose_matching_was_not_computed_says_so(tmp_path, monkeypatch
     assert matching.MAKER in rec.reason
 
 
+@pytest.mark.slow  # a real survey; tests/test_recipe_survey.py runs one
 def test_the_committed_forecast_of_the_installed_release_is_modelopt_s_matching(survey):
     """The file the judge reads for the installed release says what a fresh survey says."""
     path = matching.forecast_file(survey["modelopt"])

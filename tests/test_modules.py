@@ -204,6 +204,7 @@ moe_shared_expert_intermediate_size = 96
 """
 
 
+@pytest.mark.slow  # every module in one real save/load; the MTP model at pp2 stays (tests/test_mtp_pp.py)
 def test_cpu_tier_saves_and_reloads_every_local_spec_module(tmp_path):
     """Shared experts, sigmoid router with expert bias and one MTP layer, built by megatron-core's
     local spec on 2 gloo ranks: saved at tp1-etp1-ep2, reloaded at ep1 dp2, every tensor and the

@@ -80,6 +80,7 @@ def test_two_agents_form_one_world(tmp_path):
 
 
 # rank 3 (second node, last rank) in `make test`; rank 2 (second node, first rank) under -m slow
+@pytest.mark.slow  # two agents forming one world stays
 @pytest.mark.parametrize("k,point", [(3, "before_save"),
                                      pytest.param(2, "after_build", marks=pytest.mark.slow)])
 def test_raise_on_the_second_node_is_the_cause(tmp_path, k, point):

@@ -112,6 +112,7 @@ def test_a_failure_names_the_same_cause_and_the_next_stage_gets_a_new_pool(saved
     assert pools.started == started + 1, "the failed pool was not replaced"
 
 
+@pytest.mark.slow  # pool mode; make test's stage timeout is fork mode's (tests/test_teardown.py)
 def test_a_timeout_kills_the_pool_in_bounded_time(saved):
     root, pools = saved
     warm = load(root, pools, "warm2", "tp1-etp1-ep1-pp1-w2")

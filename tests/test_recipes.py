@@ -128,6 +128,7 @@ def surveyed():
     return {r["recipe"]: r for r in in_own_process(sorted(KNOWN_RECIPES), timeout_s=600)["rows"]}
 
 
+@pytest.mark.slow  # a real survey of the hand catalogue; the committed forecast file is ModelOpt's own matching
 @pytest.mark.parametrize("ref", sorted(KNOWN_RECIPES))
 def test_the_catalogue_says_what_modelopt_configures(surveyed, ref):
     """Every module family the survey model has (routed and shared experts, attention) gets the

@@ -106,7 +106,8 @@ def check(r: StageRun, kind: str, k: int, nproc: int) -> None:
         assert r.teardown_s is not None and r.teardown_s <= PG_TIMEOUT_S + 5.0, info
 
 
-@pytest.mark.parametrize("mode", ["fresh", pytest.param("fork", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a clean run: every cpu cell of tests/test_cells.py is one
+@pytest.mark.parametrize("mode", ["fresh", "fork"])
 def test_clean_run_has_every_rank_result(tmp_path, request, mode):
     r = run(tmp_path, "", mode=mode, request=request)
     assert r.ok and r.cause is None and r.secondaries == [] and r.leftovers == [], r.summary()
@@ -125,10 +126,10 @@ CASES = [(2, "raise", 1), (2, "raise", 0), (2, "sigkill", 1), (2, "sigkill", 0),
          (2, "abort", 1), (4, "mismatch", 3), (4, "mismatch", 0), (2, "hang", 1),
          *(pytest.param(4, kind, k, marks=SLOW) for kind, k in
            [("raise", 2), ("raise", 0), ("sigkill", 1), ("sigkill", 0), ("hang", 1), ("hang", 0)])]
-# (nproc, kind, k, mode) of `make test`: the exception forked; the kill at the store's host, the
-# mismatch and the hang in a fresh torchrun (an abort is a signal as the kill is: -m slow)
-FAST = {(2, "raise", 1, "fork"), (2, "sigkill", 0, "fresh"),
-        (4, "mismatch", 3, "fresh"), (2, "hang", 1, "fresh")}
+# (nproc, kind, k, mode) of `make test`: the exception forked; the kill at the store's host and
+# the hang in a fresh torchrun (an abort is a signal as the kill is; a mismatch is seen as a
+# signal or an exception, each of which these show: -m slow)
+FAST = {(2, "raise", 1, "fork"), (2, "sigkill", 0, "fresh"), (2, "hang", 1, "fresh")}
 
 
 def in_both_modes(cases: list) -> list:
@@ -172,6 +173,7 @@ def test_stage_timeout_dumps_stacks_and_names_the_stuck_rank(tmp_path, request, 
     assert "distributed_c10d" in (r.stage_dir / "stacks" / "rank0.txt").read_text()
 
 
+@pytest.mark.slow  # a hang forked: the hang stays fresh
 def test_a_forked_rank_stuck_before_its_first_step_is_named_by_its_sibling(tmp_path, request):
     """Fork mode: a rank stuck in the forked child before it begins (CI, 2026-12-07: on an import
     lock the stage agent's thread held at the fork; the stage timed out after 60 s, cause
@@ -200,7 +202,8 @@ def test_repeated_injections(tmp_path, kind):
         check(r, kind, k, 4)
 
 
-@pytest.mark.parametrize("mode", ["fresh", pytest.param("fork", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the kill after SIGTERM: the hang and the stage timeout reach it
+@pytest.mark.parametrize("mode", ["fresh", "fork"])
 def test_peers_deaf_to_sigterm_are_killed_and_labelled(tmp_path, request, mode):
     """NCCL ranks blocked in a collective take no Python signal; here the peers of the raising
     rank ignore SIGTERM (tests/rank_programs/collectives.py): only the final kill ends them, and
@@ -242,6 +245,7 @@ parents.run(parent_key("cpu", "none", "local", root), "save", root / "save", 2, 
 """
 
 
+@pytest.mark.slow  # the interrupt path stays in tests/test_interrupts.py
 def test_a_killed_controller_takes_its_warm_parent_and_stages_with_it(tmp_path):
     """SIGKILL leaves the controller no teardown: the warm parent notices its owner is gone
     (harness/rank/warm.py, once a second) and kills the running stage agent's session, then

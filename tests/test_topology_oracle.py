@@ -68,6 +68,7 @@ def test_world_one_never_fails_and_fix_never_fails():
     assert all(e.buggy_ok for e in entries if e.tp == e.etp)
 
 
+@pytest.mark.slow  # the whole map through the CLI; the oracle's rules stay
 def test_map_json_has_the_promised_fields():
     done = bounded([sys.executable, "-m", "harness", "map", "--max-world", "4", "--json"], 120, cwd=REPO)
     assert done.returncode == 0, done.stderr

@@ -63,6 +63,7 @@ def test_a_recipe_file_with_the_shipped_kinds_gets_the_shipped_jobs_decision(tmp
     assert (code, _word(mine)) == (shipped_code, _word(shipped)), (mine, shipped)
 
 
+@pytest.mark.slow  # a second real survey; the own recipe's decision stays
 def test_a_recipe_file_whose_kinds_no_record_made_is_undecided(tmp_path):
     """Per-channel experts have rules (read from the sources, harness/check/versions.py), but no
     committed record of the job's cells saved that kind: nothing decides, and the line names what
