@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from harness.check.recipes import KNOWN_RECIPES
 from harness.paths import EVIDENCE_PAGE
 from harness.report.coverage import MODULES, coverage, not_covered
 
@@ -28,13 +27,17 @@ def test_the_evidence_page_lists_exactly_what_has_no_committed_gpu_run():
     assert _page_list() == not_covered()
 
 
-def test_every_known_recipe_and_module_is_accounted_for():
-    """Every catalogue recipe and every module is listed; beyond them only recipes a committed GPU
-    cell ran without a catalogue entry (mtq:W4A8_AWQ_BETA_CFG, judged by recorded kinds)."""
+def test_every_scenario_recipe_and_module_is_accounted_for():
+    """Every recipe a committed GPU scenario names and every module is listed; beyond them only
+    recipes a committed GPU cell ran (sampled ones), each covered by that run."""
     from harness.model.recipes import Recipe
+    from harness.scenario.scenarios import load_all
+    from harness.tiers import on_cuda
 
     items = coverage()
-    known = {f"recipe {Recipe.parse(ref).label}" for ref in KNOWN_RECIPES} | set(MODULES)
+    gpu = {s.recipe for s in load_all() if on_cuda(s.tier)}
+    assert {"mtq:W4A8_AWQ_BETA_CFG", "mtq:NVFP4_FOUR_OVER_SIX_CFG"} <= gpu
+    known = {f"recipe {Recipe.parse(ref).label}" for ref in gpu} | set(MODULES)
     assert known <= {i.name for i in items}
     assert all(i.covered_by for i in items if i.name not in known)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.check.recipes import KNOWN_RECIPES
 from harness.model.recipes import Recipe
 from harness.paths import COMMITTED_RUNS
 from harness.records import Outcome
@@ -50,12 +49,21 @@ def _ran_cells(runs_dir: Path):
                 yield path.name, rec
 
 
+def scenario_recipes(scenarios) -> list[str]:
+    """The recipes the committed GPU scenarios name, sorted: what the evidence must cover."""
+    from harness.tiers import on_cuda
+
+    return sorted({s.recipe for s in scenarios if on_cuda(s.tier)})
+
+
 def coverage(runs_dir: Path = RUNS_DIR) -> list[Item]:
-    """Every known recipe and every module, with the committed runs that ran it on a GPU tier."""
+    """Every recipe a committed GPU scenario names and every module, with the committed runs that
+    ran it on a GPU tier."""
     from harness.scenario.scenarios import load_all
 
-    sizes = {s.name: s.size for s in load_all()}
-    recipes: dict[str, set[str]] = {ref: set() for ref in KNOWN_RECIPES}
+    scenarios = load_all()
+    sizes = {s.name: s.size for s in scenarios}
+    recipes: dict[str, set[str]] = {ref: set() for ref in scenario_recipes(scenarios)}
     modules: dict[str, set[str]] = {name: set() for name in MODULES}
     for name, rec in _ran_cells(runs_dir):
         recipes.setdefault(rec.recipe_ref, set()).add(name)

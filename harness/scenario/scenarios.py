@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness.check.recipes import STATIC_BLOCK, recipe_facts
+from harness.check.recipes import STATIC_BLOCK, expert_kinds
 from harness.check.versions import installed_mcore, installed_modelopt, rules_for
 from harness.model import modules
 from harness.model.gpt import ModelSize, default_size
@@ -167,11 +167,11 @@ def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]],
     missing = recipe_problem(recipe, REPO_ROOT)
     if missing:
         return [f"recipe: {missing}"]
-    facts = recipe_facts(recipe.ref)
-    if facts and facts.expert_kind == STATIC_BLOCK and not on_cuda(tier):
+    static = STATIC_BLOCK in expert_kinds(recipe.ref, installed_modelopt())
+    if static and not on_cuda(tier):
         return [f"recipe: {recipe.label} calibrates static NVFP4 experts, whose fake quantization "
                 f"runs on CUDA only: tiers gpu-shared and gpu, not {tier}"]
-    kind = rules_for(installed_modelopt(), installed_mcore()).kind_rule(facts.expert_kind, EXPERTS, fix_parts) if facts else None
+    kind = rules_for(installed_modelopt(), installed_mcore()).kind_rule(STATIC_BLOCK, EXPERTS, fix_parts) if static else None
     refusal = kind.save_refused_split if kind else None
     return [f"{key}: {t.id}: recipe {recipe.label} calibrates static NVFP4 experts, which "
             f"nvidia-modelopt refuses at expert TP > 1 ({refusal}); save at etp1"
