@@ -80,6 +80,12 @@ def decide(plan: CellPlan, modelopt: str | None, mcore: str | None,
     )
 
 
+def decision_fields(d: CellDecision) -> dict:
+    """The decision's record fields: pair, rules, expectation, notice, forecast disagreement."""
+    return {"modelopt": d.modelopt, "mcore": d.mcore, "expectations": d.expectations,
+            "expected": d.expected, "notice": d.notice, "forecast_disagreement": d.forecast_disagreement}
+
+
 def version_skip_reason(cell: CellPlan, behaviour, modelopt: str | None,
                         mcore: str | None = None) -> str | None:
     """Why the pair (default megatron-core: the installed one) cannot run this cell meaningfully,

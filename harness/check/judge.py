@@ -5,13 +5,17 @@ Pure judging, in one place: ranks measure (harness/rank/), the controller runs s
 runs are judged again by the same function (harness/check/rejudge.py ``rejudge_record``, used by
 ``harness verdict`` and ``harness equivalence --rejudge``); the matrix and the reports read the
 outcome a record holds and judge nothing themselves.
+
+Each step returns the fields it decides (``Fields``) and writes into no record; ``judge_cell``
+combines them, in the order of precedence written there, into the one record it returns
+(tests/test_judge_pure.py keeps it so).
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from harness.check.decision import CellDecision, decide
+from harness.check.decision import CellDecision, decide, decision_fields
 from harness.check.defects import MODEL_DEFECTS, MTP_POSITION_EMBEDDING, RESTORE_DRY_RUN
 from harness.check.keys import is_expert_weight_amax
 from harness.check.logits import topology_finding
@@ -20,8 +24,22 @@ from harness.check.refusals import (expert_tensors, is_amax_refusal, is_bug, is_
                                     is_shape_refusal, shape_refusal_finding)
 from harness.check.verify_figures import held_after_load, judged_verify, verify_problems
 from harness.check.versions import installed_mcore
-from harness.records import (FIX_PARTS_ENV_KEY, CellRecord, Expected, Outcome, Stage, StageCause,
-                             StageResult)
+from harness.records import FIX_PARTS_ENV_KEY, CellRecord, Expected, Outcome, Stage, StageCause, StageResult
+
+# CellRecord field -> the value one step of judging decides for it.
+Fields = dict
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the steps read of the record under the decision that judges it: read, never written."""
+
+    expected: str
+    evidence: dict | None
+    modelopt: str | None
+    tier: str
+    recipe_ref: str
+    amax_kinds: dict | None
 
 
 def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: StageResult | None,
@@ -33,37 +51,52 @@ def judge_cell(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: 
     and the kinds the save recorded (``decision``, the controller's from before the stages ran, is
     reused when those are its own), the outcome, failure, judged verify figures and the
     cross-topology finding."""
-    d, decided = ran_decision(rec, cell, save, load, decision)
-    rec = replace(copy.deepcopy(rec), **decided)
-    for stage in (save, load):
-        if stage is not None:
-            note_evidence(rec, stage)
+    d, fields = ran_decision(rec, cell, save, load, decision)
+    base = copy.deepcopy(rec)  # the fields judging leaves as they were, shared with nothing of rec's
+    fields["evidence"] = ran_evidence(base.evidence, save, load)
+    f = Facts(fields["expected"], fields["evidence"], fields["modelopt"], base.tier, base.recipe_ref,
+              fields.get("amax_kinds", base.amax_kinds))
+    judged = not_judged_by_expectation(f, cell, save, load, stopped, d)
+    if judged is None:  # a save, or a load, that ran to its end: judged against the expectation
+        loaded = cell.load is not None and save.ok
+        blocked_by = cell.save.id if cell.load is not None and not save.ok else None
+        judged = known_restore_refusal(f.expected, load if loaded else save, blocked_by)
+        if judged is None and blocked_by:
+            judged = known_model_refusal(f.expected, save, cell.save, cell, blocked_by)
+        if judged is None:
+            # an expected restore defect that did not fire: the expectation behind it judges instead
+            behind = judged_behind_restore_defect(f.expected, d)
+            f = replace(f, expected=behind.get("expected", f.expected))
+            judged = {**behind, **(blocked(f.expected, save, blocked_by) if blocked_by else
+                                   judged_load(f, load, cell, d) if loaded else save_only(f, save, cell, d))}
+        if loaded:  # the finding of the figures the record holds: the load's, else those it came with
+            judged["finding"] = topology_finding(judged.get("verify", base.verify))
+    fields.update(judged)  # over the decision's fields: the expectation behind included, and its notice
+    # rule-unknown last: a pair with no rule predicts nothing, so it overrides what the stages came to
+    fields.update(settle_unknown(fields["expected"], fields["outcome"], fields.get("reason", base.reason),
+                                 fields.get("message", base.message), fields["notice"]))
+    return replace(base, **fields)
+
+
+def not_judged_by_expectation(f: Facts, cell: CellPlan, save: StageResult | None,
+                              load: StageResult | None, stopped: str | None, d: CellDecision) -> Fields | None:
+    """What no expectation decides: a cell not run (skipped, or stopped before its save), a stage
+    interrupted, a recipe ModelOpt refuses, a load not run. None: a stage ran to its end."""
     if save is None or (d.skip and not stopped):
         if stopped:
-            interrupted(rec, None, stopped)
-        else:
-            rec.outcome, rec.reason = Outcome.SKIPPED, d.skip or "not run"
-    elif save.interrupted:
-        interrupted(rec, save, save.interrupted)
-    elif is_not_quantizable(save.cause):
-        not_quantizable(rec, save)
-    elif cell.load is None:
-        save_only(rec, save, cell.save, d, cell)
-    elif not save.ok:
-        if known_restore_refusal(rec, save, blocked_by=cell.save.id):
-            pass
-        elif not known_model_refusal(rec, save, cell.save, cell, blocked_by=cell.save.id):
-            judged_behind_restore_defect(rec, d)
-            blocked(rec, save, cell.save.id)
-    elif load is None:
-        rec.outcome, rec.reason = Outcome.SKIPPED, "load stage not run"
-    elif load.interrupted:
-        interrupted(rec, load, load.interrupted)
-    else:
-        _load(rec, load, cell, d)
-        rec.finding = topology_finding(rec.verify)
-    settle_unknown(rec)
-    return rec
+            return interrupted(None, stopped)
+        return dict(outcome=Outcome.SKIPPED, reason=d.skip or "not run")
+    if save.interrupted:
+        return interrupted(save, save.interrupted)
+    if is_not_quantizable(save.cause):
+        return not_quantizable(f, save)
+    if cell.load is None or not save.ok:
+        return None
+    if load is None:
+        return dict(outcome=Outcome.SKIPPED, reason="load stage not run")
+    if load.interrupted:
+        return interrupted(load, load.interrupted)
+    return None
 
 
 def ran_decision(rec: CellRecord, cell: CellPlan, save: StageResult | None, load: StageResult | None,
@@ -104,18 +137,6 @@ def fix_parts_that_decide(recorded: list[str] | None, cell: CellPlan, ran: bool)
     return () if ran else cell.fix_parts
 
 
-def decision_fields(d: CellDecision) -> dict:
-    """The decision's record fields: pair, rules, expectation, notice, forecast disagreement."""
-    return {"modelopt": d.modelopt, "mcore": d.mcore, "expectations": d.expectations,
-            "expected": d.expected, "notice": d.notice, "forecast_disagreement": d.forecast_disagreement}
-
-
-def note_decision(rec: CellRecord, d: CellDecision) -> None:
-    """The decision's fields written into a new record (the controller's, before any stage ran)."""
-    for name, value in decision_fields(d).items():
-        setattr(rec, name, value)
-
-
 def model_defect_seen(cause: StageCause | None, topology, cell: CellPlan):
     """The model defect (harness/check/versions.py MODEL_DEFECTS) a stage at ``topology`` met,
     by megatron-core's own words on its key, where the cell's model reaches it; else None."""
@@ -129,134 +150,119 @@ def model_defect_seen(cause: StageCause | None, topology, cell: CellPlan):
     return None
 
 
-def known_model_refusal(rec: CellRecord, stage: StageResult, topology, cell: CellPlan,
-                        blocked_by: str | None = None) -> bool:
+def known_model_refusal(expected: str, stage: StageResult, topology, cell: CellPlan,
+                        blocked_by: str | None = None) -> Fields | None:
     """A failed stage that is the model defect the cell expects: ``known-refusal`` with the
-    defect's finding (and, for a load cell, that its save was the stage refused)."""
-    if rec.expected != Expected.MTP_EMBEDDING_REFUSED or stage.timed_out:
-        return False
+    defect's finding (and, for a load cell, that its save was the stage refused); else None."""
+    if expected != Expected.MTP_EMBEDDING_REFUSED or stage.timed_out:
+        return None
     defect = model_defect_seen(stage.cause, topology, cell)
     if defect is None:
-        return False
-    fill_failure(rec, stage)
-    rec.outcome = Outcome.KNOWN_REFUSAL
-    rec.reason = (f"blocked by the save at {blocked_by}, which megatron-core refused: "
-                  if blocked_by else "") + defect.finding
-    return True
+        return None
+    return dict(failure(stage), outcome=Outcome.KNOWN_REFUSAL, reason=(
+        f"blocked by the save at {blocked_by}, which megatron-core refused: " if blocked_by else ""
+    ) + defect.finding)
 
 
-def known_restore_refusal(rec: CellRecord, stage: StageResult, blocked_by: str | None = None) -> bool:
+def known_restore_refusal(expected: str, stage: StageResult, blocked_by: str | None = None) -> Fields | None:
     """A failed stage that is the restore defect the cell expects (``restore-dry-run``:
     harness/check/versions.py RESTORE_DRY_RUN, by its own words in the first failure's message):
     ``known-refusal`` with the defect's finding (and, for a load cell, that its save died of it,
-    in the reference reload that restores ModelOpt's state)."""
+    in the reference reload that restores ModelOpt's state); else None."""
     defect = RESTORE_DRY_RUN
-    if (rec.expected != Expected.RESTORE_DRY_RUN or stage.ok or stage.timed_out
+    if (expected != Expected.RESTORE_DRY_RUN or stage.ok or stage.timed_out
             or stage.stage not in (Stage.SAVE, Stage.LOAD)
             or not (stage.cause and defect.seen(stage.cause.message))):
-        return False
-    fill_failure(rec, stage)
-    rec.outcome = Outcome.KNOWN_REFUSAL
-    rec.reason = (f"blocked by the save at {blocked_by}, whose reload of its checkpoint died of "
-                  f"{defect.label}: " if blocked_by else "") + defect.finding
-    return True
+        return None
+    return dict(failure(stage), outcome=Outcome.KNOWN_REFUSAL, reason=(
+        f"blocked by the save at {blocked_by}, whose reload of its checkpoint died of "
+        f"{defect.label}: " if blocked_by else "") + defect.finding)
 
 
-def judged_behind_restore_defect(rec: CellRecord, d: CellDecision) -> None:
+def judged_behind_restore_defect(expected: str, d: CellDecision) -> Fields:
     """Where ``restore-dry-run`` was expected and the defect did not fire (it is nondeterministic:
     the stage passed, or failed of something else), the cell is judged by the expectation behind
     it (``d.behind``: the same rule without the restore defect), which the record then holds; its
-    notice says the defect was expected first and did not fire."""
-    if rec.expected != Expected.RESTORE_DRY_RUN:
-        return
-    rec.expected = d.behind
-    rec.notice = ((f"{d.behind_notice}; " if d.behind_notice else "")
-                  + f"{Expected.RESTORE_DRY_RUN} was expected first ({RESTORE_DRY_RUN.label}, "
-                  "harness/check/versions.py RESTORE_DRY_RUN) and did not fire: it is "
-                  f"nondeterministic, so the cell is judged as `{d.behind}`")
+    notice says the defect was expected first and did not fire. Nothing where it was not expected."""
+    if expected != Expected.RESTORE_DRY_RUN:
+        return {}
+    return dict(expected=d.behind, notice=(
+        (f"{d.behind_notice}; " if d.behind_notice else "")
+        + f"{Expected.RESTORE_DRY_RUN} was expected first ({RESTORE_DRY_RUN.label}, "
+        "harness/check/versions.py RESTORE_DRY_RUN) and did not fire: it is "
+        f"nondeterministic, so the cell is judged as `{d.behind}`"))
 
 
-def model_defect_gone(rec: CellRecord, stage: str, topology) -> None:
+def model_defect_gone(f: Facts, stage: str, topology) -> Fields:
     """A stage passed where megatron-core's model defect was expected: ``unexpected-pass`` (the
     defect is gone) only on evidence that every rank of ``topology`` ran it with validation on."""
-    why = missing_evidence(rec, stage, topology, amax=False)
+    why = missing_evidence(f.evidence, stage, topology, amax=False)
     if why is None:
-        rec.outcome = Outcome.UNEXPECTED_PASS
-        rec.reason = (f"expected megatron-core to refuse the model at {topology.id} ({rec.expected}: "
-                      f"{MTP_POSITION_EMBEDDING.label}), but the {stage} passed: the "
-                      "defect is gone in this megatron-core")
-        return
-    rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, stage
-    rec.reason = (f"the {stage} passed where megatron-core's refusal was expected ({rec.expected}), "
-                  f"but {why}: no evidence either way")
+        return dict(outcome=Outcome.UNEXPECTED_PASS, reason=(
+            f"expected megatron-core to refuse the model at {topology.id} ({f.expected}: "
+            f"{MTP_POSITION_EMBEDDING.label}), but the {stage} passed: the defect is gone in this "
+            "megatron-core"))
+    return dict(outcome=Outcome.UNEXPECTED_FAILURE, failed_stage=stage, reason=(
+        f"the {stage} passed where megatron-core's refusal was expected ({f.expected}), "
+        f"but {why}: no evidence either way"))
 
 
-def settle_unknown(rec: CellRecord) -> None:
+def settle_unknown(expected: str, outcome: str, reason: str | None, message: str | None,
+                   notice: str | None) -> Fields:
     """A pair with no rule predicts nothing: its cell is ``rule-unknown``, whatever ran (kept in
-    the record), never judged by another pair's rule. A recipe ModelOpt refuses is not a
-    checkpoint's answer either way: it stays ``not-quantizable``."""
-    if rec.expected == Expected.RULE_UNKNOWN and rec.outcome not in (
+    the reason), never judged by another pair's rule. A recipe ModelOpt refuses is not a
+    checkpoint's answer either way: it stays ``not-quantizable``. Nothing for any other cell."""
+    if expected != Expected.RULE_UNKNOWN or outcome in (
             Outcome.SKIPPED, Outcome.INTERRUPTED, Outcome.NOT_QUANTIZABLE):
-        ran = f"{rec.outcome}: {rec.reason or rec.message or ''}".strip(": ")
-        rec.outcome, rec.reason = Outcome.RULE_UNKNOWN, f"{rec.notice} (ran: {ran[:300]})"
+        return {}
+    ran = f"{outcome}: {reason or message or ''}".strip(": ")
+    return dict(outcome=Outcome.RULE_UNKNOWN, reason=f"{notice} (ran: {ran[:300]})")
 
 
-def not_quantizable(rec: CellRecord, save: StageResult) -> None:
+def not_quantizable(f: Facts, save: StageResult) -> Fields:
     """ModelOpt refused to quantize the model with the recipe in the save stage: the cell (and
     every load of that save) is ``not-quantizable``, carrying ModelOpt's exception."""
-    fill_failure(rec, save)
-    rec.outcome = Outcome.NOT_QUANTIZABLE
-    rec.reason = (f"ModelOpt {rec.modelopt} refuses to quantize this model with recipe "
-                  f"{rec.recipe_ref}: {(save.cause.message if save.cause else '')[:300]}")
+    return dict(failure(save), outcome=Outcome.NOT_QUANTIZABLE, reason=(
+        f"ModelOpt {f.modelopt} refuses to quantize this model with recipe {f.recipe_ref}: "
+        f"{(save.cause.message if save.cause else '')[:300]}"))
 
 
-def interrupted(rec: CellRecord, stage: StageResult | None, signal: str) -> None:
+def interrupted(stage: StageResult | None, signal: str) -> Fields:
     """The controller was stopped: not a product failure, whatever the ranks were doing."""
-    rec.outcome = Outcome.INTERRUPTED
     if stage is None:
-        rec.reason = f"not started: the run was interrupted ({signal})"
-        return
-    rec.failed_stage, rec.teardown_s = stage.stage, stage.teardown_s
+        return dict(outcome=Outcome.INTERRUPTED, reason=f"not started: the run was interrupted ({signal})")
     gone = f"; every rank gone {stage.teardown_s:.2f} s later" if stage.teardown_s is not None else ""
-    rec.reason = f"interrupted by {signal} during the {stage.stage} stage{gone}"
+    return dict(outcome=Outcome.INTERRUPTED, failed_stage=stage.stage, teardown_s=stage.teardown_s,
+                reason=f"interrupted by {signal} during the {stage.stage} stage{gone}")
 
 
-def fill_failure(rec: CellRecord, stage: StageResult) -> None:
+def failure(stage: StageResult) -> Fields:
+    """A failed stage's first failure as the record holds it."""
     cause = stage.cause
-    rec.failed_stage = stage.stage
-    rec.exception_type = (cause.exc_type or cause.kind) if cause else None
-    rec.message = ((cause.message if cause else "") or stage.summary or "")[:2000]
-    rec.failing_key = cause.key if cause else None
-    rec.first_failure_rank = cause.rank if cause else None
-    rec.secondary_errors = stage.secondaries
-    rec.teardown_s = stage.teardown_s
+    return dict(failed_stage=stage.stage, exception_type=(cause.exc_type or cause.kind) if cause else None,
+                message=((cause.message if cause else "") or stage.summary or "")[:2000],
+                failing_key=cause.key if cause else None, first_failure_rank=cause.rank if cause else None,
+                secondary_errors=stage.secondaries, teardown_s=stage.teardown_s)
 
 
-def failed_stage(rec: CellRecord, stage: StageResult, expected_stage: str, d: CellDecision) -> None:
+def failed_stage(expected: str, stage: StageResult, expected_stage: str, d: CellDecision) -> Fields:
     """A stage that failed: the bug where ``expected_stage`` was expected, else unexpected."""
-    fill_failure(rec, stage)
-    if rec.expected == expected_stage and is_bug(stage.cause, d.behaviour, expert_tensors(d.kinds)):
-        rec.outcome = Outcome.BUG_REPRODUCED
-    else:
-        rec.outcome = Outcome.UNEXPECTED_FAILURE
-        if stage.timed_out:
-            rec.reason = f"{stage.stage} stage timed out"
+    if expected == expected_stage and is_bug(stage.cause, d.behaviour, expert_tensors(d.kinds)):
+        return dict(failure(stage), outcome=Outcome.BUG_REPRODUCED)
+    timed_out = dict(reason=f"{stage.stage} stage timed out") if stage.timed_out else {}
+    return dict(failure(stage), outcome=Outcome.UNEXPECTED_FAILURE, **timed_out)
 
 
-def save_only(rec: CellRecord, save: StageResult, topology, d: CellDecision,
-              cell: CellPlan | None = None) -> None:
-    if known_restore_refusal(rec, save):
-        return
-    judged_behind_restore_defect(rec, d)
+def save_only(f: Facts, save: StageResult, cell: CellPlan, d: CellDecision) -> Fields:
+    """A save-only cell's save that ran to its end, against the cell's expectation."""
     if not save.ok:
-        if cell is None or not known_model_refusal(rec, save, topology, cell):
-            failed_stage(rec, save, Expected.FAIL_SAVE, d)
-    elif rec.expected == Expected.MTP_EMBEDDING_REFUSED:
-        model_defect_gone(rec, Stage.SAVE, topology)
-    elif rec.expected == Expected.FAIL_SAVE:
-        bug_gone(rec, Stage.SAVE, topology)
-    else:
-        rec.outcome = Outcome.PASS
+        return (known_model_refusal(f.expected, save, cell.save, cell)
+                or failed_stage(f.expected, save, Expected.FAIL_SAVE, d))
+    if f.expected == Expected.MTP_EMBEDDING_REFUSED:
+        return model_defect_gone(f, Stage.SAVE, cell.save)
+    if f.expected == Expected.FAIL_SAVE:
+        return bug_gone(f, Stage.SAVE, cell.save)
+    return dict(outcome=Outcome.PASS)
 
 
 # What each stage's ranks stamp into their result about where they ran (harness/rank/stages.py).
@@ -277,17 +283,21 @@ def stage_evidence(stage: StageResult) -> dict | None:
     return evidence
 
 
-def note_evidence(rec: CellRecord, stage: StageResult) -> None:
-    evidence = stage_evidence(stage)
-    if evidence is not None:
-        rec.evidence = {**(rec.evidence or {}), stage.stage: evidence}
+def ran_evidence(evidence: dict | None, *stages: StageResult | None) -> dict | None:
+    """``evidence`` (a record's) with what each stage's ranks reported about where they ran; as
+    it was where no rank of them reported that."""
+    for stage in stages:
+        ran = stage_evidence(stage) if stage is not None else None
+        if ran is not None:
+            evidence = {**(evidence or {}), stage.stage: ran}
+    return evidence
 
 
-def missing_evidence(rec: CellRecord, stage: str, topology, amax: bool = True) -> str | None:
-    """Why the record does not show that its ``stage`` really ran where the collision should
-    have fired (every rank of ``topology``, megatron-core's validation on; a save: per-expert
+def missing_evidence(evidence: dict | None, stage: str, topology, amax: bool = True) -> str | None:
+    """Why a record's ``evidence`` does not show that its ``stage`` really ran where the collision
+    should have fired (every rank of ``topology``, megatron-core's validation on; a save: per-expert
     weight amax saved), or None when it does. A pass without that is no news about the bug."""
-    ev = (rec.evidence or {}).get(stage)
+    ev = (evidence or {}).get(stage)
     if not ev:
         return f"the record holds no evidence of where its {stage} stage ran"
     if ev.get("ranks") != topology.world_size or ev.get("topologies") != [topology.id]:
@@ -300,93 +310,87 @@ def missing_evidence(rec: CellRecord, stage: str, topology, amax: bool = True) -
     return None
 
 
-def bug_gone(rec: CellRecord, stage: str, topology) -> None:
+def bug_gone(f: Facts, stage: str, topology) -> Fields:
     """A stage passed where the pair's rule predicts the collision: ``unexpected-pass`` (the
     bug is gone) only on positive evidence that it ran where the collision fires; otherwise an
     ``unexpected-failure`` of the harness, with the missing evidence as its reason."""
-    why = missing_evidence(rec, stage, topology)
+    why = missing_evidence(f.evidence, stage, topology)
     if why is None:
-        rec.outcome, rec.reason = Outcome.UNEXPECTED_PASS, bug_gone_message(rec)
-        return
-    rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, stage
-    rec.reason = (f"the {stage} passed where the collision was expected ({rec.expected}), but "
-                  f"{why}: no evidence about the bug either way")
+        return dict(outcome=Outcome.UNEXPECTED_PASS, reason=bug_gone_message(f.expected, f.modelopt))
+    return dict(outcome=Outcome.UNEXPECTED_FAILURE, failed_stage=stage, reason=(
+        f"the {stage} passed where the collision was expected ({f.expected}), but "
+        f"{why}: no evidence about the bug either way"))
 
 
-def blocked(rec: CellRecord, save: StageResult, save_id: str) -> None:
-    """A load cell whose save failed is not run."""
-    rec.outcome = Outcome.BLOCKED
-    rec.reason = f"blocked by the save at {save_id}, which failed; not run"
-    if rec.expected != Expected.FAIL_SAVE:
-        rec.outcome = Outcome.UNEXPECTED_FAILURE
-        fill_failure(rec, save)
+def blocked(expected: str, save: StageResult, save_id: str) -> Fields:
+    """A load cell whose save failed is not run: ``blocked`` where the save's failure was the
+    expectation, else an unexpected failure carrying the save's."""
+    reason = f"blocked by the save at {save_id}, which failed; not run"
+    if expected != Expected.FAIL_SAVE:
+        return dict(failure(save), outcome=Outcome.UNEXPECTED_FAILURE, reason=reason)
+    return dict(outcome=Outcome.BLOCKED, reason=reason)
 
 
-def _load(rec: CellRecord, stage: StageResult, cell: CellPlan, d: CellDecision) -> None:
-    """A load stage against the cell's expectation."""
+def judged_load(f: Facts, stage: StageResult, cell: CellPlan, d: CellDecision) -> Fields:
+    """A load stage that ran to its end, against the cell's expectation."""
     known_gaps = cell.known_gaps
-    if known_restore_refusal(rec, stage):  # its restore, before anything else the load meets
-        return
-    judged_behind_restore_defect(rec, d)
     if not stage.ok:
-        failed_stage(rec, stage, Expected.FAIL_LOAD, d)
-        if rec.expected == Expected.NOT_RESTORED and not stage.timed_out and is_amax_refusal(stage.cause):
-            rec.outcome = Outcome.BUG_REPRODUCED  # megatron-core refused the checkpoint's amax
-        if rec.expected == Expected.RESHARD_REFUSED and not stage.timed_out and is_shape_refusal(stage.cause):
-            rec.outcome, rec.reason = Outcome.KNOWN_REFUSAL, shape_refusal_finding(rec)
-        known_model_refusal(rec, stage, cell.load, cell)
-        return
-    rec.verify = judged_verify(stage.rank0.get("verify", {}), rec.tier)
-    problems = verify_problems(rec.verify, known_gaps)
-    if rec.expected == Expected.NOT_RESTORED:
+        judged = failed_stage(f.expected, stage, Expected.FAIL_LOAD, d)
+        refused = not stage.timed_out
+        if f.expected == Expected.NOT_RESTORED and refused and is_amax_refusal(stage.cause):
+            judged["outcome"] = Outcome.BUG_REPRODUCED  # megatron-core refused the checkpoint's amax
+        if f.expected == Expected.RESHARD_REFUSED and refused and is_shape_refusal(stage.cause):
+            judged.update(outcome=Outcome.KNOWN_REFUSAL, reason=shape_refusal_finding(f.amax_kinds))
+        return {**judged, **(known_model_refusal(f.expected, stage, cell.load, cell) or {})}
+    verify = judged_verify(stage.rank0.get("verify", {}), f.tier)
+    problems = verify_problems(verify, known_gaps)
+    return dict(verify=verify, **_verified(f, verify, problems, cell))
+
+
+def _verified(f: Facts, verify: dict, problems: list[str], cell: CellPlan) -> Fields:
+    """A load that passed, by its verify figures (``problems``: what they show wrong)."""
+    if f.expected == Expected.NOT_RESTORED:
         if problems:
-            rec.outcome, rec.failed_stage = Outcome.BUG_REPRODUCED, Stage.VERIFY
-            rec.message = "; ".join(problems + [held_after_load(rec.verify)])
-        else:
-            rec.outcome = Outcome.UNEXPECTED_PASS
-            rec.reason = ("expected unpatched modelopt to fail restoring this golden checkpoint, "
-                          "but every tensor matched: older checkpoints now load without the fix")
-    elif rec.expected == Expected.AMAX_LOST:
-        _amax_lost(rec, known_gaps, problems)
-    elif rec.expected == Expected.MTP_EMBEDDING_REFUSED:
-        model_defect_gone(rec, Stage.LOAD, cell.load)
-    elif rec.expected == Expected.FAIL_SAVE:
-        bug_gone(rec, Stage.SAVE, cell.save)
-    elif rec.expected == Expected.FAIL_LOAD:
-        bug_gone(rec, Stage.LOAD, cell.load)
-    elif rec.expected == Expected.RESHARD_REFUSED and not problems:
-        rec.outcome = Outcome.UNEXPECTED_PASS
-        rec.reason = ("expected megatron-core to refuse the static per-block amax at another expert "
-                      "TP (global shape mismatch), but the load passed: the limitation is gone")
-    elif problems:
-        rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, Stage.VERIFY
-        rec.message = "; ".join(problems)
-    else:
-        rec.outcome = Outcome.PASS
+            return dict(outcome=Outcome.BUG_REPRODUCED, failed_stage=Stage.VERIFY,
+                        message="; ".join(problems + [held_after_load(verify)]))
+        return dict(outcome=Outcome.UNEXPECTED_PASS, reason=(
+            "expected unpatched modelopt to fail restoring this golden checkpoint, but every "
+            "tensor matched: older checkpoints now load without the fix"))
+    if f.expected == Expected.AMAX_LOST:
+        return _amax_lost(verify, cell.known_gaps, problems)
+    if f.expected == Expected.MTP_EMBEDDING_REFUSED:
+        return model_defect_gone(f, Stage.LOAD, cell.load)
+    if f.expected == Expected.FAIL_SAVE:
+        return bug_gone(f, Stage.SAVE, cell.save)
+    if f.expected == Expected.FAIL_LOAD:
+        return bug_gone(f, Stage.LOAD, cell.load)
+    if f.expected == Expected.RESHARD_REFUSED and not problems:
+        return dict(outcome=Outcome.UNEXPECTED_PASS, reason=(
+            "expected megatron-core to refuse the static per-block amax at another expert TP "
+            "(global shape mismatch), but the load passed: the limitation is gone"))
+    if problems:
+        return dict(outcome=Outcome.UNEXPECTED_FAILURE, failed_stage=Stage.VERIFY, message="; ".join(problems))
+    return dict(outcome=Outcome.PASS)
 
 
-def _amax_lost(rec: CellRecord, known_gaps, problems: list[str]) -> None:
+def _amax_lost(verify: dict, known_gaps, problems: list[str]) -> Fields:
     """The second bug is reproduced when exactly per-expert weight-quantizer amax went missing."""
-    missing = [k for k in rec.verify.get("missing_keys", [])
-               if not any(g.matches(k) for g in known_gaps)]
-    rec.failing_key = missing[0] if missing else None
-    if missing and all(is_expert_weight_amax(k) for k in missing) and not rec.verify.get("mismatch_count"):
-        rec.outcome, rec.failed_stage = Outcome.BUG_REPRODUCED, Stage.VERIFY
-        rec.message = (f"{len(missing)} per-expert weight_quantizer amax absent after "
-                       "load_state_dict (post-restore re-calibration through expert 0); "
-                       + held_after_load(rec.verify))
-    elif not problems:
-        rec.outcome = Outcome.UNEXPECTED_PASS
-        rec.reason = ("expected per-expert amax to be lost after load_state_dict (second bug) "
-                      "but every amax survived: that bug is gone in this modelopt")
-    else:
-        rec.outcome, rec.failed_stage = Outcome.UNEXPECTED_FAILURE, Stage.VERIFY
-        rec.message = "; ".join(problems)
+    missing = [k for k in verify.get("missing_keys", []) if not any(g.matches(k) for g in known_gaps)]
+    key = dict(failing_key=missing[0] if missing else None)
+    if missing and all(is_expert_weight_amax(k) for k in missing) and not verify.get("mismatch_count"):
+        return dict(key, outcome=Outcome.BUG_REPRODUCED, failed_stage=Stage.VERIFY, message=(
+            f"{len(missing)} per-expert weight_quantizer amax absent after load_state_dict "
+            "(post-restore re-calibration through expert 0); " + held_after_load(verify)))
+    if not problems:
+        return dict(key, outcome=Outcome.UNEXPECTED_PASS, reason=(
+            "expected per-expert amax to be lost after load_state_dict (second bug) but every "
+            "amax survived: that bug is gone in this modelopt"))
+    return dict(key, outcome=Outcome.UNEXPECTED_FAILURE, failed_stage=Stage.VERIFY, message="; ".join(problems))
 
 
-def bug_gone_message(rec: CellRecord) -> str:
+def bug_gone_message(expected: str, modelopt: str | None) -> str:
     return (
-        f"expected the per-expert _amax collision ({rec.expected}) but the cell passed: the bug "
-        f"no longer reproduces with nvidia-modelopt {rec.modelopt}; the "
+        f"expected the per-expert _amax collision ({expected}) but the cell passed: the bug "
+        f"no longer reproduces with nvidia-modelopt {modelopt}; the "
         "quarantined Nemotron-3 jobs are candidates for un-quarantine (see `make verdict`)"
     )

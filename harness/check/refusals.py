@@ -7,7 +7,7 @@ import re
 
 from harness.check.keys import WEIGHT_AMAX
 from harness.model.recipes import EXPERTS, KIND_TENSORS, SCALAR, STATIC_BLOCK
-from harness.records import CellRecord, StageCause
+from harness.records import StageCause
 
 
 # The report's failure: megatron-core's validation refuses the per-expert amax access pattern.
@@ -74,9 +74,10 @@ INTEGER_SHAPE_REFUSAL_FINDING = ("integer (per-channel or per-block) weight-quan
                                  "collision")
 
 
-def shape_refusal_finding(rec: CellRecord) -> str:
-    """The finding of a ``reshard-refused`` cell, by the kinds its save recorded."""
-    kinds = {k for names in (rec.amax_kinds or {}).values() for k in names}
+def shape_refusal_finding(amax_kinds: dict | None) -> str:
+    """The finding of a ``reshard-refused`` cell, by the kinds its save recorded (a record's
+    ``amax_kinds``)."""
+    kinds = {k for names in (amax_kinds or {}).values() for k in names}
     return SHAPE_REFUSAL_FINDING if STATIC_BLOCK in kinds or not kinds else INTEGER_SHAPE_REFUSAL_FINDING
 
 

@@ -8,7 +8,7 @@ its ranks imported). ``harness verdict`` and ``harness equivalence --rejudge`` u
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Mapping
 
 from harness.check import judge
@@ -84,15 +84,15 @@ def rejudge_record(rec: CellRecord | Mapping, cell: CellPlan | None) -> dict:
              "expected": rec.expected}
     kept = {f.name: getattr(rec, f.name) for f in fields(CellRecord)
             if f.name not in _OUTCOME_FIELDS and f.name in raw}
-    new = CellRecord(**{**known, **kept})
-    new.verify = {}
     save, load, stopped = stages_from_record(rec, facts)
-    new = judge.judge_cell(new, facts, save, load, stopped)
-    if cell is None:
-        new.expected = rec.expected if "expected" in raw else new.expected
+    blank = replace(CellRecord(**{**known, **kept}), verify={})  # figures: the re-judged load's
+    new = judge.judge_cell(blank, facts, save, load, stopped)
+    stands = {}
+    if cell is None and "expected" in raw:  # no scenario has it: its recorded expectation stands
+        stands["expected"] = rec.expected
     if rec.outcome == Outcome.SKIPPED:  # nothing ran: the recorded reason stands
-        new.reason = rec.reason
-    out = {**raw, **new.as_dict()}
+        stands["reason"] = rec.reason
+    out = {**raw, **replace(new, **stands).as_dict()}
     if not new.verify and rec.verify:
         out["verify"] = rec.verify  # a failed stage reports no figures: keep what was recorded
     return out

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.check import judge
-from harness.check.decision import CellDecision, decide
+from harness.check.decision import CellDecision, decide, decision_fields
 from harness.check.versions import installed_mcore, installed_modelopt, rules_for
 from harness.jsonfile import read_json, write_json_atomic
 from harness.launch.pool import stage_mode
@@ -160,22 +160,21 @@ def _tier_env(tier: str, shared_gpu_nccl: bool = False) -> dict:
 
 
 def new_record(cell: Cell, decision: CellDecision | None = None) -> CellRecord:
-    """The cell's record before its stages run, with the controller's decision (worked out here
-    when not given)."""
+    """The cell's record before its stages run, with the controller's decision's fields (the
+    decision worked out here when not given): built once, nothing written into it after."""
     s = cell.scenario
-    rec = CellRecord(
-        scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
-        save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
-        patch=s.patch, expected="", modelopt=installed_modelopt(), stage_mode=stage_mode(s.tier),
-        recipe=s.recipe, timed_out=False, model=s.size.record(),
-    )
+    shared = {}
     if s.shared_gpu_nccl:  # said in the record and the report, never a silent stand-in
         from harness.rank.shared_gpu import describe
         from harness.machine import gpu_count
 
-        rec.nccl_mode = describe(cell.world, gpu_count())
-    judge.note_decision(rec, decision or controller_decision(cell))
-    return rec
+        shared["nccl_mode"] = describe(cell.world, gpu_count())
+    return CellRecord(
+        scenario=s.name, cell_id=cell.id, tier=s.tier, backend=s.backend,
+        save_topology=cell.save.id, load_topology=cell.load.id if cell.load else None,
+        patch=s.patch, stage_mode=stage_mode(s.tier), recipe=s.recipe, timed_out=False,
+        model=s.size.record(), **shared, **decision_fields(decision or controller_decision(cell)),
+    )
 
 
 def controller_decision(cell: Cell) -> CellDecision:
