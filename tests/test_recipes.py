@@ -112,7 +112,7 @@ def test_the_forecast_is_checked_against_what_the_save_recorded():
     ultra = forecast(ULTRA_4O6, plain)
     assert ultra == {"experts": [STATIC_BLOCK]}  # its FP8 shared experts: not on a plain GPT
     assert disagreement(ULTRA_4O6, ultra, {"experts": [STATIC_BLOCK]}) is None
-    assert "forecasts" in disagreement(ULTRA_4O6, ultra, {"experts": ["scalar"]})
+    assert "the forecast" in disagreement(ULTRA_4O6, ultra, {"experts": ["scalar"]})
     assert disagreement(ULTRA_4O6, ultra, {"experts": [STATIC_BLOCK], "other": ["scalar"]})
     aggressive = "mtq:MAMBA_MOE_NVFP4_AGGRESSIVE_CFG"
     assert disagreement(aggressive, forecast(aggressive, plain), {"experts": ["scalar"]}) is None

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from harness.check import versions
 from harness.check.defects import RESTORE_DRY_RUN, common_pt_problem
-from harness.check.expectation import Kinds, expectation, kinds_for
+from harness.check.expectation import Kinds, expectation, forecast_kinds, kinds_for
 from harness.check.plan import CellPlan
-from harness.check.recipes import disagreement, forecast
+from harness.check.recipes import disagreement
 from harness.check.versions import Behaviour, installed_mcore, plugin_problem
 from harness.records import Expected, Patch
 from harness.tiers import on_cuda
@@ -76,7 +76,7 @@ def decide(plan: CellPlan, modelopt: str | None, mcore: str | None,
         behind=behind, behind_notice=behind_why,
         notice=behaviour.notice(modelopt, mcore) or why, kinds=kinds,
         skip=version_skip_reason(plan, behaviour, modelopt, mcore),
-        forecast_disagreement=disagreement(plan.recipe, forecast(plan.recipe, plan.families), recorded),
+        forecast_disagreement=disagreement(plan.recipe, forecast_kinds(plan, modelopt), recorded),
     )
 
 

@@ -22,7 +22,13 @@ def kinds_for(plan: CellPlan, recorded: Kinds | None, modelopt: str | None = Non
     the cell's model: the catalogue's (harness/check/recipes.py), else that of ModelOpt's own
     matching for the release ``modelopt`` (None: the installed one; harness/check/matching.py).
     None: none of them gives the routed experts a kind."""
-    return recorded or forecast(plan.recipe, plan.families) or matched(
+    return recorded or forecast_kinds(plan, modelopt)
+
+
+def forecast_kinds(plan: CellPlan, modelopt: str | None = None) -> Kinds | None:
+    """The recipe's forecast on the cell's model before any save: the catalogue's, else ModelOpt
+    ``modelopt``'s own matching (None: the installed release)."""
+    return forecast(plan.recipe, plan.families) or matched(
         plan.recipe, modelopt or installed_modelopt(), plan.families).kinds
 
 

@@ -111,4 +111,5 @@ def disagreement(ref: str | None, forecast_kinds: dict | None, recorded: dict | 
             sorted(kinds) == forecast_kinds.get(family) for family, kinds in recorded.items()):
         return None
     return (f"recipe {ref or DEFAULT_RECIPE}: the save recorded amax kinds {recorded}, "
-            f"harness/check/recipes.py forecasts {forecast_kinds}: judged by what the save recorded")
+            f"the forecast (harness/check/recipes.py, else ModelOpt's own matching) is "
+            f"{forecast_kinds}: judged by what the save recorded")
