@@ -10,10 +10,16 @@
 # whole run within MUTATION_TIMEOUT_S (default 3000 s). Prints the count of each outcome and
 # writes the survivors' diffs to survivors.txt next to mutmut's own state. Pick tests that start
 # no torchrun rank: a mutant is judged by the tests that reached its function in this process.
+#   bash tools/mutation.sh --recheck harness/check/decision.py tests/test_decision.py
+# After tests were written for the survivors: runs the given tests (copied afresh from tests/)
+# against each mutant the last run of MODULE did not kill, one forked pytest per mutant (mutmut's
+# own switch, MUTANT_UNDER_TEST), and writes recheck.txt: each mutant, killed or survived.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-[ $# -ge 2 ] || { echo "usage: bash tools/mutation.sh harness/PATH/MODULE.py TEST-ARGS..." >&2; exit 2; }
+recheck=0
+[ "${1:-}" = --recheck ] && { recheck=1; shift; }
+[ $# -ge 2 ] || { echo "usage: bash tools/mutation.sh [--recheck] harness/PATH/MODULE.py TEST-ARGS..." >&2; exit 2; }
 module=$1; shift
 [ -f "$module" ] && [[ "$module" == harness/*.py ]] || { echo "mutation: $module is not a module of harness/" >&2; exit 2; }
 PY=${PY:-$(bash tools/python.sh)}
@@ -26,6 +32,30 @@ if ! timeout 60 "$PY" -c "import sys; sys.path.append('$site'); from importlib.m
 fi
 slug=${module#harness/}; slug=${slug%.py}; slug=${slug//\//.}
 work=$root/${MUTATION_OUT:-results/mutation}/$slug
+if [ "$recheck" = 1 ]; then
+  [ -s "$work/not-killed.txt" ] || { echo "mutation: no earlier run of $module to recheck ($work)" >&2; exit 2; }
+  rm -rf "$work/mutants/tests" && cp -r tests "$work/mutants/tests"
+  cd "$work/mutants"
+  timeout "${MUTATION_TIMEOUT_S:-3000}" nice -n 19 "$PY" - "$site" "$@" > ../recheck.txt <<'PY'
+import os, signal, sys
+site, tests = sys.argv[1], sys.argv[2:]
+sys.path.append(site)  # the trampolines import mutmut
+sys.path.insert(0, os.getcwd())  # the mutated copy, not the checkout
+import pytest
+args = ["-x", "-q", "-p", "no:cacheprovider", "--rootdir=.", "--tb=no", "--no-header", *tests]
+for name in open("../not-killed.txt").read().split():
+    pid = os.fork()
+    if pid == 0:
+        os.environ["MUTANT_UNDER_TEST"] = name
+        signal.alarm(600)
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+        os._exit(int(pytest.main(args)))
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    print(f"{name}: {'killed' if code in (1, 3) else 'survived' if code == 0 else f'exit {code}'}", flush=True)
+PY
+  echo "recheck $module with $*: $(awk -F': ' '{n[$2]++} END {for (s in n) printf "%s %d, ", s, n[s]}' ../recheck.txt)in ${work#"$root"/}/recheck.txt"
+  exit 0
+fi
 rm -rf "$work"
 mkdir -p "$work"
 git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$work"

@@ -1,0 +1,71 @@
+"""The expectation rule (harness/check/expectation.py) as a unit, where the mutation run over it
+(docs/mutation.md) found a branch no other test pins: the one line saying why no amax kind is
+known (which release's matching, on which families), and ``expected`` before a save, which the
+fix's parts the scenario asks for decide. Pure: plans are built here, no rank starts."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.check import expectation as exp
+from harness.check.matching import matched
+from harness.check.plan import CellPlan
+from harness.check.versions import rules_for
+from harness.model.recipes import EXPERTS, OTHER
+from harness.records import Expected, Patch
+from harness.topology.topology import Topology
+
+pytestmark = pytest.mark.cpu
+
+NO_PTQ = "modelopt:general/auto_quantize/nvfp4_fp8_at_5p4bits"  # 0.47.0: no quantize section
+BLOCKWISE = "modelopt:general/ptq/int4_blockwise_weight_only"  # no catalogue forecast; 0.47.0 matches it
+
+
+def _plan(**kw) -> CellPlan:
+    base = dict(id="c", scenario="s", tier="gpu-shared", backend="te", patch=Patch.NONE,
+                recipe=NO_PTQ, expect="oracle", save=Topology.parse("tp1-etp1-ep2-pp1"),
+                load=Topology.parse("tp1-etp1-ep1-pp1"), num_experts=4, families=(EXPERTS, OTHER))
+    base.update(kw)
+    return CellPlan(**base)
+
+
+def _line(recipe: str, told: str) -> str:
+    return (f"recipe {recipe}: no amax kinds of the routed experts known: no save recorded them, "
+            f"harness/check/recipes.py has no forecast, and {told}: nothing to judge them by")
+
+
+@pytest.mark.parametrize("modelopt", ["0.47.0", "0.48.0rc1"])
+def test_no_kinds_why_tells_what_the_given_releases_matching_says(modelopt):
+    plan = _plan()
+    told = matched(NO_PTQ, modelopt, plan.families).why
+    assert f"ModelOpt {modelopt}" in told
+    assert exp.no_kinds_why(plan, modelopt) == _line(NO_PTQ, told)
+
+
+def test_no_kinds_why_reads_the_plans_families():
+    """0.47.0's matching gives the recipe's experts a kind, but a model without routed-expert
+    modules in its families has none of them: the line says so."""
+    plan = _plan(recipe=BLOCKWISE, families=(OTHER,))
+    assert matched(BLOCKWISE, "0.47.0").kinds[EXPERTS]
+    assert exp.no_kinds_why(plan, "0.47.0") == _line(
+        BLOCKWISE, "ModelOpt 0.47.0's own matching gives the routed experts no kind: it configures "
+                   "no routed-expert weight quantizer (harness/check/forecasts/modelopt-0.47.0.json, "
+                   "written by `python -m harness recipes`)")
+
+
+def test_no_kinds_is_rule_unknown_with_that_line():
+    plan = _plan()
+    assert exp.expectation(plan, rules_for("0.47.0", "0.19.2"), None, modelopt="0.48.0rc1") == (
+        Expected.RULE_UNKNOWN, exp.no_kinds_why(plan, "0.48.0rc1"))
+
+
+def test_expected_before_a_save_follows_the_fix_parts_the_scenario_asks_for():
+    """0.47.0 patched with part (b) keeps the integer members' amax, so the save's reference
+    reload meets the restore's dry run (harness/check/versions.py RESTORE_DRY_RUN); the whole
+    fix with part (g) zeroes what it would read."""
+    plan = _plan(recipe="mtq:INT8_WEIGHT_ONLY_CFG", patch=Patch.FIX, load=None)
+    behaviour = rules_for("0.47.0", "0.19.2")
+    with_b = dataclasses.replace(plan, fix_parts=("expert-amax",))
+    assert exp.expected(with_b, behaviour) == Expected.RESTORE_DRY_RUN
+    assert exp.expected(plan, behaviour) != Expected.RESTORE_DRY_RUN
