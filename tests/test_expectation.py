@@ -69,3 +69,26 @@ def test_expected_before_a_save_follows_the_fix_parts_the_scenario_asks_for():
     with_b = dataclasses.replace(plan, fix_parts=("expert-amax",))
     assert exp.expected(with_b, behaviour) == Expected.RESTORE_DRY_RUN
     assert exp.expected(plan, behaviour) != Expected.RESTORE_DRY_RUN
+
+
+@pytest.mark.parametrize("recipe", ["mtq:INT8_WEIGHT_ONLY_CFG", BLOCKWISE])
+def test_the_kinds_that_decide_are_those_on_the_plans_families(recipe):
+    """The catalogue's forecast, else 0.47.0's own matching, on the model's families only: a
+    family the model has not got decides nothing."""
+    only_experts = _plan(recipe=recipe, families=(EXPERTS,))
+    kinds = exp.kinds_for(only_experts, None, "0.47.0")
+    assert set(kinds) == {EXPERTS}, kinds
+    assert set(exp.kinds_for(_plan(recipe=recipe), None, "0.47.0")) == {EXPERTS, OTHER}
+    recorded = {EXPERTS: ["scalar"]}
+    assert exp.kinds_for(only_experts, recorded, "0.47.0") is recorded
+
+
+@pytest.mark.parametrize("tier,pp,word", [
+    ("cpu", 1, Expected.RESTORE_DRY_RUN),  # pp 1 measures logits anywhere: the reload restores
+    ("gpu-shared", 2, Expected.RESTORE_DRY_RUN),  # pp 2 measures them on CUDA only
+    ("cpu", 2, Expected.PASS),  # no logits, no reference reload, nothing restores
+])
+def test_a_save_only_cell_meets_the_dry_run_where_its_save_reloads(tier, pp, word):
+    plan = _plan(recipe="mtq:INT8_WEIGHT_ONLY_CFG", tier=tier, load=None,
+                 save=Topology.parse(f"tp1-etp1-ep1-pp{pp}"))
+    assert exp.expected(plan, rules_for("0.48.0rc1", "0.19.2")) == word

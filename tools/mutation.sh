@@ -40,6 +40,7 @@ if [ "$recheck" = 1 ]; then
 import os, signal, sys
 site, tests = sys.argv[1], sys.argv[2:]
 sys.path.append(site)  # the trampolines import mutmut
+os.environ["PYTHONPATH"] = site  # and so do the processes a test starts
 sys.path.insert(0, os.getcwd())  # the mutated copy, not the checkout
 import pytest
 args = ["-x", "-q", "-p", "no:cacheprovider", "--rootdir=.", "--tb=no", "--no-header", *tests]
@@ -73,8 +74,10 @@ cd "$work"
   for arg in "$@"; do echo "    $arg"; done
 } > setup.cfg
 # mutmut's own dependencies go after the venv's packages on sys.path: the tests keep the pinned
-# pytest (requirements/test.txt) rather than the one pip put beside mutmut.
-mutmut=(nice -n 19 "$PY" -c "import sys; sys.path.append('$site'); sys.argv[0] = 'mutmut'
+# pytest (requirements/test.txt) rather than the one pip put beside mutmut. A process a test
+# starts (python -m harness) imports the mutated copy too, so it gets mutmut on PYTHONPATH.
+mutmut=(nice -n 19 "$PY" -c "import os, sys; sys.path.append('$site'); sys.argv[0] = 'mutmut'
+os.environ['PYTHONPATH'] = '$site'
 from mutmut.__main__ import cli; cli()")
 code=0
 timeout "${MUTATION_TIMEOUT_S:-3000}" "${mutmut[@]}" run --max-children "${MUTATION_CHILDREN:-1}" > run.log 2>&1 || code=$?
