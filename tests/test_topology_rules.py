@@ -31,8 +31,10 @@ def test_ids_worlds_and_data_parallel_sizes():
     assert Topology.parse("tp2-etp1-ep2-w2").id == "tp2-etp1-ep2-pp1"
     assert Topology.parse("tp3-etp1-ep2").world_size == 6  # lcm(3, 2)
     assert Topology.parse("tp1-etp1-ep1").pp == 1
-    with pytest.raises(TopologyError, match=r"cannot read topology 'tp1-etp1-ep1-px'"):
+    with pytest.raises(TopologyError) as exc:
         Topology.parse("tp1-etp1-ep1-px")
+    assert str(exc.value) == ("cannot read topology 'tp1-etp1-ep1-px': expected "
+                              "tp<N>-etp<N>-ep<N>[-pp<N>][-w<N>], e.g. tp4-etp1-ep8 or tp2-etp2-ep2-pp2")
 
 
 def test_sizes_below_one_are_named_and_nothing_else():
@@ -47,6 +49,15 @@ def test_the_world_must_divide_by_both_model_sizes():
     assert Topology(1, 2, 2, 1, 2).problems() == [
         "world size 2 is not divisible by etp*ep*pp = 4"]
     assert Topology(1, 1, 1, 1, 3).problems() == []
+    # with a size, its rules come after the world's, which stay
+    assert Topology(2, 1, 1, 1, 3).problems(_size(vocab_size=127)) == [
+        "world size 3 is not divisible by tp*pp = 2",
+        "vocab_size 127 is not divisible by tp 2 (embedding and output layer split the vocabulary over tp)"]
+    with pytest.raises(TopologyError) as exc:
+        Topology(2, 1, 1, 1, 3).check(_size(vocab_size=127))
+    assert str(exc.value) == (
+        "topology tp2-etp1-ep1-pp1-w3 cannot run: world size 3 is not divisible by tp*pp = 2; "
+        "vocab_size 127 is not divisible by tp 2 (embedding and output layer split the vocabulary over tp)")
 
 
 @pytest.mark.parametrize("topo,size,line", [
@@ -104,6 +115,8 @@ def test_hybrid_rules():
     assert module_problems(pp2, _size(hybrid_layer_pattern="*E|*E|*E", **hybrid)) == [
         "hybrid_layer_pattern '*E|*E|*E': its 3 '|' segments are not divisible by pp 2"]
     assert module_problems(pp2, _size(hybrid_layer_pattern="*E|*E", **hybrid)) == []
+    assert module_problems(Topology.parse("tp1-etp1-ep1-pp3"), _size(hybrid_layer_pattern="*E|*E", **hybrid)) == [
+        "hybrid_layer_pattern '*E|*E': its 2 '|' segments are not divisible by pp 3"]
     assert module_problems(pp2, _size(hybrid_layer_pattern="*E*E*E", **hybrid)) == []
 
 
@@ -120,6 +133,10 @@ def test_every_topology_up_to_two_ranks_counted_by_hand():
     got = list(enumerate_topologies(2, with_pp=False))
     assert len(got) == len(set(got)) and set(got) == want
     assert set(enumerate_topologies(2)) == want | {Topology(1, 1, 1, 2, 2)}
+    # a pipeline depth that does not divide the world is passed over, not the end of the depths
+    four = set(enumerate_topologies(4))
+    assert Topology(1, 1, 1, 4, 4) in four and Topology(1, 1, 1, 2, 4) in four
+    assert not any(t.pp == 3 and t.world == 4 for t in four)
     # a size's rules prune: 3 experts allow ep 1 only
     assert set(enumerate_topologies(2, _size(num_experts=3), with_pp=False)) == {
         t for t in want if t.ep == 1}
