@@ -95,7 +95,8 @@ def test_holds_for_compares_the_fix_parts():
 def test_the_disagreement_names_the_plans_recipe_and_reads_its_families():
     """The forecast is the recipe's on the plan's families: a recorded family the model has not
     got is something the forecast does not say, so the save disagrees with it."""
-    recipe = "mtq:NVFP4_DEFAULT_CFG"
+    recipe = "mtq:INT8_WEIGHT_ONLY_CFG"  # not the default recipe, which a missing one reads as
+    assert recipe != DEFAULT_RECIPE
     full = decision.forecast(recipe)
     assert OTHER in full
     d = decision.decide(_plan(recipe=recipe, families=(EXPERTS,)), "0.47.0", "0.19.2", recorded=full)
@@ -163,3 +164,37 @@ def test_a_golden_this_megatron_core_cannot_read_is_skipped(monkeypatch, tmp_pat
         return
     assert got.startswith(f"golden not loadable here: <shown golden-ckpt>: no {COMMON_PT}: "
                           f"megatron-core {mcore} reads only"), got
+
+
+def _golden_mtp_plan(ckpt) -> CellPlan:
+    """A golden of integer experts (the restore's dry run at its load, which comes first) loaded
+    at pp 2 by an MTP model with a learned absolute position embedding (megatron-core's own
+    refusal at that load, read for 0.19.2 only)."""
+    from harness.check.layouts import GoldenLayout
+
+    return _plan(recipe="mtq:INT8_WEIGHT_ONLY_CFG", golden="g", golden_ckpt=ckpt,
+                 golden_layout=GoldenLayout.COMPLETE,
+                 mtp_num_layers=1, position_embedding="learned_absolute",
+                 load=Topology.parse("tp1-etp1-ep1-pp2"))
+
+
+def test_the_expectation_behind_the_dry_run_is_worked_out_under_the_pair_given(no_installed_versions, tmp_path):
+    plan = _golden_mtp_plan(tmp_path)
+    covered = decision.decide(plan, "0.48.0rc1", "0.19.2")
+    assert (covered.expected, covered.behind, covered.behind_notice) == (
+        Expected.RESTORE_DRY_RUN, Expected.MTP_EMBEDDING_REFUSED, None)
+    assert covered.notice.endswith("where it passes the cell is judged as `mtp-embedding-refused`")
+    assert ("(harness/check/versions.py RESTORE_DRY_RUN): nondeterministic, a stage that restores "
+            "may die of it (known-refusal) or pass; where it passes") in covered.notice
+    # a megatron-core not read for the MTP refusal: behind the dry run, nothing is predicted,
+    # and the notice carries that line
+    unread = decision.decide(plan, "0.48.0rc1", "0.16.1")
+    assert (unread.expected, unread.behind) == (Expected.RESTORE_DRY_RUN, Expected.RULE_UNKNOWN)
+    assert unread.behind_notice and "megatron-core 0.16.1" in unread.behind_notice
+    assert unread.notice.endswith(f"judged as `rule-unknown`: {unread.behind_notice}")
+
+
+def test_the_decision_keeps_the_fix_parts_that_decided():
+    plan = _plan(patch=Patch.FIX, fix_parts=("static-block",))
+    assert decision.decide(plan, "0.47.0", "0.19.2").fix_parts == ("static-block",)
+    assert decision.decide(plan, "0.47.0", "0.19.2", fix_parts=["expert-amax"]).fix_parts == ("expert-amax",)

@@ -14,11 +14,15 @@
 # After tests were written for the survivors: runs the given tests (copied afresh from tests/)
 # against each mutant the last run of MODULE did not kill, one forked pytest per mutant (mutmut's
 # own switch, MUTANT_UNDER_TEST), and writes recheck.txt: each mutant, killed or survived.
+#   bash tools/mutation.sh --resume harness/check/decision.py
+# Goes on with a run that was stopped (its bound): mutmut keeps each mutant's result, so only
+# those not yet run are run, with the selection that run was given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-recheck=0
+recheck=0 resume=0
 [ "${1:-}" = --recheck ] && { recheck=1; shift; }
+[ "${1:-}" = --resume ] && { resume=1; shift; set -- "$1" -; }
 [ $# -ge 2 ] || { echo "usage: bash tools/mutation.sh [--recheck] harness/PATH/MODULE.py TEST-ARGS..." >&2; exit 2; }
 module=$1; shift
 [ -f "$module" ] && [[ "$module" == harness/*.py ]] || { echo "mutation: $module is not a module of harness/" >&2; exit 2; }
@@ -57,6 +61,11 @@ PY
   echo "recheck $module with $*: $(awk -F': ' '{n[$2]++} END {for (s in n) printf "%s %d, ", s, n[s]}' ../recheck.txt)in ${work#"$root"/}/recheck.txt"
   exit 0
 fi
+if [ "$resume" = 1 ]; then
+  [ -f "$work/setup.cfg" ] || { echo "mutation: no earlier run of $module to resume ($work)" >&2; exit 2; }
+  cd "$work"
+  mv run.log "run.$(date +%s).log"
+else
 rm -rf "$work"
 mkdir -p "$work"
 git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$work"
@@ -73,6 +82,7 @@ cd "$work"
   echo "pytest_add_cli_args_test_selection ="
   for arg in "$@"; do echo "    $arg"; done
 } > setup.cfg
+fi
 # mutmut's own dependencies go after the venv's packages on sys.path: the tests keep the pinned
 # pytest (requirements/test.txt) rather than the one pip put beside mutmut. A process a test
 # starts (python -m harness) imports the mutated copy too, so it gets mutmut on PYTHONPATH.
