@@ -92,3 +92,67 @@ def test_a_save_only_cell_meets_the_dry_run_where_its_save_reloads(tier, pp, wor
     plan = _plan(recipe="mtq:INT8_WEIGHT_ONLY_CFG", tier=tier, load=None,
                  save=Topology.parse(f"tp1-etp1-ep1-pp{pp}"))
     assert exp.expected(plan, rules_for("0.48.0rc1", "0.19.2")) == word
+
+
+# --- branches of ``expectation`` the first mutation run left untested --------------------------
+
+SCALAR_KINDS = {EXPERTS: ["scalar"], OTHER: ["scalar"]}
+INT_KINDS = {EXPERTS: ["per-channel"], OTHER: ["per-channel"]}
+
+
+def test_fix_parts_count_only_where_the_cell_is_patched():
+    """Unpatched, the parts given install nothing: 0.47.0 resets the members' amax (no dry run
+    at the load, where part (b) would keep them)."""
+    plan = _plan()
+    b = rules_for("0.47.0", "0.19.2")
+    assert exp.expectation(plan, b, INT_KINDS, ("expert-amax",)) == exp.expectation(plan, b, INT_KINDS)
+    assert exp.expectation(plan, b, INT_KINDS)[0] != Expected.RESTORE_DRY_RUN
+    patched = _plan(patch=Patch.FIX)
+    assert exp.expectation(patched, b, INT_KINDS, ("expert-amax",))[0] == Expected.RESTORE_DRY_RUN
+
+
+def test_a_pair_that_cannot_save_fails_the_save_or_a_goldens_load(tmp_path):
+    b = rules_for("0.48.0rc1", "0.15.3")
+    assert b.cannot_save
+    assert exp.expectation(_plan(), b, SCALAR_KINDS)[0] == Expected.FAIL_SAVE
+    golden = _plan(golden="g", golden_ckpt=tmp_path)
+    assert exp.expectation(golden, b, SCALAR_KINDS)[0] == Expected.FAIL_LOAD
+
+
+def test_an_unpatched_golden_whose_layout_is_not_restored():
+    from harness.check.layouts import GoldenLayout
+
+    b = rules_for("0.48.0rc1", "0.19.2")
+    shared = _plan(golden="g", golden_layout=GoldenLayout.SHARED)
+    assert exp.expectation(shared, b, SCALAR_KINDS)[0] == Expected.NOT_RESTORED
+    complete = _plan(golden="g", golden_layout=GoldenLayout.COMPLETE)
+    assert exp.expectation(complete, b, SCALAR_KINDS)[0] == Expected.PASS
+
+
+def test_the_shared_input_quantizer_rule_is_the_te_backends_only():
+    """megatron-core 0.15's decorator gives the grouped linear's shared input_quantizer amax
+    expert-TP replica ids (collides whenever TP > ETP): TE's grouped linear only."""
+    b = rules_for("0.47.0", "0.15.3")
+    assert b.shared_rule == "expert-tp-dense-dp"
+    save = Topology.parse("tp2-etp1-ep2-pp1")
+    assert exp.expectation(_plan(save=save, load=None), b, SCALAR_KINDS)[0] == Expected.FAIL_SAVE
+    local = _plan(save=save, load=None, backend="local")
+    assert exp.expectation(local, b, SCALAR_KINDS)[0] != Expected.FAIL_SAVE
+
+
+def test_each_familys_kind_reshards_at_a_change_of_its_own_split():
+    """Routed experts are split over expert TP: at a TP change with the same ETP their
+    per-channel amax is not resharded (the dense families' per-channel one reshards and passes)."""
+    b = rules_for("0.48.0rc1", "0.19.2")
+    tp_change = _plan(save=Topology.parse("tp2-etp1-ep2-pp1"), load=Topology.parse("tp2-etp1-ep1-pp1"))
+    assert exp.expectation(tp_change, b, INT_KINDS, restore_defects=False)[0] == Expected.PASS
+    etp_change = _plan(save=Topology.parse("tp1-etp1-ep2-pp1"), load=Topology.parse("tp1-etp2-ep1-pp1"))
+    assert exp.expectation(etp_change, b, INT_KINDS, restore_defects=False)[0] == Expected.RESHARD_REFUSED
+
+
+@pytest.mark.parametrize("ep,word", [(1, Expected.AMAX_LOST), (2, Expected.AMAX_LOST), (4, Expected.PASS)])
+def test_the_second_bug_needs_more_than_one_expert_per_load_rank(ep, word):
+    """Unpatched 0.47.0 on TEGroupedMLP: every local expert's amax but expert 0's is gone."""
+    plan = _plan(load=Topology.parse(f"tp1-etp1-ep{ep}-pp1"))
+    assert plan.num_experts == 4
+    assert exp.expectation(plan, rules_for("0.47.0", "0.19.2"), SCALAR_KINDS)[0] == word

@@ -23,7 +23,7 @@ root=$PWD
 recheck=0 resume=0
 [ "${1:-}" = --recheck ] && { recheck=1; shift; }
 [ "${1:-}" = --resume ] && { resume=1; shift; set -- "$1" -; }
-[ $# -ge 2 ] || { echo "usage: bash tools/mutation.sh [--recheck] harness/PATH/MODULE.py TEST-ARGS..." >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: bash tools/mutation.sh [--recheck | --resume] harness/PATH/MODULE.py TEST-ARGS..." >&2; exit 2; }
 module=$1; shift
 [ -f "$module" ] && [[ "$module" == harness/*.py ]] || { echo "mutation: $module is not a module of harness/" >&2; exit 2; }
 PY=${PY:-$(bash tools/python.sh)}
