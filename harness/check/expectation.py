@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.check.layouts import Restore
 from harness.check.plan import CellPlan
-from harness.check.recipes import forecast
+from harness.check.recipes import recipe_forecast
 from harness.check.defects import RestoreDefect, defect_covers, model_defect
 from harness.check.kinds import FAMILY_SPLIT, reference_reload, split_of
 from harness.check.matching import matched
@@ -28,8 +28,7 @@ def kinds_for(plan: CellPlan, recorded: Kinds | None, modelopt: str | None = Non
 def forecast_kinds(plan: CellPlan, modelopt: str | None = None) -> Kinds | None:
     """The recipe's forecast on the cell's model before any save: the catalogue's, else ModelOpt
     ``modelopt``'s own matching (None: the installed release)."""
-    return forecast(plan.recipe, plan.families) or matched(
-        plan.recipe, modelopt or installed_modelopt(), plan.families).kinds
+    return recipe_forecast(plan.recipe, modelopt or installed_modelopt(), plan.families)
 
 
 def no_kinds_why(plan: CellPlan, modelopt: str | None = None) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.check.matching import matched
 from harness.model.recipes import (DEFAULT_RECIPE, EXPERTS, NO_AMAX, OTHER, PER_BLOCK, PER_CHANNEL,
                                    SCALAR, SHARED_EXPERTS, STATIC_BLOCK)
 
@@ -93,13 +94,13 @@ def forecast(ref: str | None, families: tuple[str, ...] | None = None) -> dict[s
     return facts.on(families) if facts else None
 
 
-def expert_kinds(ref: str | None, modelopt: str | None) -> list[str]:
-    """The routed experts' kinds before any save: this table's, else ModelOpt ``modelopt``'s own
-    matching (harness/check/matching.py); [] where neither says."""
-    from harness.check.matching import matched
-
-    kinds = forecast(ref) or matched(ref or DEFAULT_RECIPE, modelopt).kinds or {}
-    return kinds.get(EXPERTS, [])
+def recipe_forecast(ref: str | None, modelopt: str | None,
+                    families: tuple[str, ...] | None = None) -> dict[str, list[str]] | None:
+    """A recipe's kinds before any save, on a model with ``families``: this table's, else ModelOpt
+    ``modelopt``'s own matching (harness/check/matching.py); None where neither gives the routed
+    experts a kind. The one forecast the expectation, the disagreement line and a scenario file's
+    checks read."""
+    return forecast(ref, families) or matched(ref or DEFAULT_RECIPE, modelopt, families).kinds
 
 
 def disagreement(ref: str | None, forecast_kinds: dict | None, recorded: dict | None) -> str | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from harness.model.recipes import Recipe
 from harness.paths import COMMITTED_RUNS
 from harness.records import Outcome
-from harness.tiers import Tier
+from harness.tiers import Tier, on_cuda
 
 # Outcomes of a cell whose stages ran (skipped, blocked and interrupted ones did not run it).
 RAN = (Outcome.PASS, Outcome.BUG_REPRODUCED, Outcome.UNEXPECTED_FAILURE, Outcome.UNEXPECTED_PASS,
@@ -41,7 +41,6 @@ MODULES = {
 def _ran_cells(runs_dir: Path):
     from harness.check.results_file import read_results
     from harness.records import RunResults
-    from harness.tiers import on_cuda
 
     for path in sorted(runs_dir.glob("*.results.json")):
         for rec in RunResults.of(read_results(path)).cells:
@@ -51,8 +50,6 @@ def _ran_cells(runs_dir: Path):
 
 def scenario_recipes(scenarios) -> list[str]:
     """The recipes the committed GPU scenarios name, sorted: what the evidence must cover."""
-    from harness.tiers import on_cuda
-
     return sorted({s.recipe for s in scenarios if on_cuda(s.tier)})
 
 

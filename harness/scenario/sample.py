@@ -15,10 +15,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from harness.model.gpt import ModelSize, default_size
+from harness.check import matching
+from harness.model.gpt import MODULE_FIELDS, ModelSize, default_size
 from harness.model.modules import NO_POSITION_EMBEDDING
 from harness.model.recipes import DEFAULT_RECIPE
-from harness.check import matching
 from harness.records import ExpectMode, Patch
 from harness.scenario.cells import Scenario
 from harness.scenario.scenarios import load_all
@@ -57,7 +57,7 @@ class Draw:
 
 
 def committed_cells() -> set[tuple]:
-    """(save id, load id, size) of every committed scenario's load cell."""
+    """(save id, load id, size, recipe) of every committed scenario's load cell."""
     return {(c.save.id, c.load.id, c.scenario.size, c.scenario.recipe) for s in load_all()
             for c in s.cells() if c.load is not None and not c.golden}
 
@@ -151,7 +151,7 @@ def sample_scenarios(seed: int, count: int, max_ranks: int = DEFAULT_RANKS, tier
 
 
 def _modules_text(size: ModelSize) -> str:
-    on = [k for k in size.as_dict() if k in {f for m in MODULE_DRAWS for f in m}]
+    on = [k for k in size.as_dict() if k in MODULE_FIELDS]  # as_dict keeps the modules that are on
     return f"; modules {', '.join(on)}" if on else ""
 
 

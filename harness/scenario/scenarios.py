@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness.check.recipes import STATIC_BLOCK, expert_kinds
+from harness.check.recipes import STATIC_BLOCK, recipe_forecast
 from harness.check.versions import installed_mcore, installed_modelopt, rules_for
 from harness.model import modules
 from harness.model.gpt import ModelSize, default_size
@@ -167,7 +167,7 @@ def _recipe_problems(text: str, tier: str, saved: list[tuple[str, Topology]],
     missing = recipe_problem(recipe, REPO_ROOT)
     if missing:
         return [f"recipe: {missing}"]
-    static = STATIC_BLOCK in expert_kinds(recipe.ref, installed_modelopt())
+    static = STATIC_BLOCK in (recipe_forecast(recipe.ref, installed_modelopt()) or {}).get(EXPERTS, [])
     if static and not on_cuda(tier):
         return [f"recipe: {recipe.label} calibrates static NVFP4 experts, whose fake quantization "
                 f"runs on CUDA only: tiers gpu-shared and gpu, not {tier}"]
