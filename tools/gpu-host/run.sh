@@ -24,7 +24,8 @@
 #                <modelopt>-<patch>[-mc<megatron-core>] (carry .whl-048, .whl-mc<digits>);
 #                RECIPE_SCENARIOS_none/_fix pick the scenarios, RECIPE_CELLS narrows to cell-id globs
 #   sample       randomized cells (harness sample) and the cross-topology noise floor, SAMPLE_PARTS;
-#                SAMPLE_LIBRARY=<release>: recipes and modules drawn from that release's library
+#                SAMPLE_LIBRARY=<release>: recipes and modules drawn from that release's library;
+#                SAMPLE_RANKS=N: no drawn topology needs more ranks
 #   mamba        compile mamba-ssm and causal-conv1d for this GPU (carry .whl-mamba, staged by
 #                tools/gpu-host/stage-mamba.sh; or its built/ wheels), run the hybrid scenarios, and
 #                put the wheels it compiled into $OUT (15 MiB parts) for the next lease
@@ -208,6 +209,7 @@ case "$1" in
           timeout -s TERM $T $py -m harness --results-root $R sample --seed ${SAMPLE_SEED:-25} \
             ${SAMPLE_LIBRARY:+--library $SAMPLE_LIBRARY} \
             --cells ${SAMPLE_CELLS:-50} --loads-per-save ${SAMPLE_LOADS_PER_SAVE:-5} $SL \
+            ${SAMPLE_RANKS:+--ranks $SAMPLE_RANKS} \
             --jobs ${SAMPLE_JOBS:-4} --patch ${part##*-} --label sample-$part$TAG > "$log" 2>&1 ;;
         *) echo "run.sh sample: unknown part '$part' (cross, 0.48.0rc1, 0.47.0-fix, 0.47.0-none)" >&2
            return 2 ;;
