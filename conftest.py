@@ -315,6 +315,37 @@ def made_checkpoints(tmp_path_factory) -> dict[str, Path]:
     return make_checkpoints(tmp_path_factory.mktemp("made-ckpts"), made_checkpoint_specs())
 
 
+COVERAGE_CONTEXTS = os.environ.get("HARNESS_COVERAGE_CONTEXTS") == "1"  # tools/coverage-split.sh
+
+
+@pytest.fixture(autouse=True)
+def coverage_context_per_test(request):
+    """Under tools/coverage-split.sh: the lines each test runs are recorded under its node id, in
+    this worker and in every process it starts (coverage's patch=subprocess hands children the
+    serialized config, whose static ``context`` is set here), so tools/coverage_split.py can tell
+    which test alone reaches a line. Off otherwise: nothing is imported or changed."""
+    if not COVERAGE_CONTEXTS:
+        yield
+        return
+    import base64
+    import json
+
+    import coverage
+
+    cov, before = coverage.Coverage.current(), os.environ.get("COVERAGE_PROCESS_CONFIG")
+    if cov is not None:
+        cov.switch_context(request.node.nodeid)
+    if before is not None:
+        config = json.loads(base64.b64decode(before))
+        config["context"] = request.node.nodeid
+        os.environ["COVERAGE_PROCESS_CONFIG"] = base64.b64encode(json.dumps(config).encode()).decode()
+    yield
+    if cov is not None:
+        cov.switch_context("")
+    if before is not None:
+        os.environ["COVERAGE_PROCESS_CONFIG"] = before
+
+
 @pytest.fixture(scope="session", autouse=True)
 def warm_parents_per_worker(tmp_path_factory):
     """Each fork-mode run (the cpu tier's default) would start a warm parent that
@@ -324,6 +355,9 @@ def warm_parents_per_worker(tmp_path_factory):
     parent uses ``own_warm_parent``. In-process only: a CLI the tests start keeps the default."""
     from harness.launch.warm import WARM
 
+    if COVERAGE_CONTEXTS:  # a parent kept across tests would count its ranks' lines as its first test's
+        yield
+        return
     WARM.keep_across_runs(tmp_path_factory.mktemp("warm-parents", numbered=False))
     yield
     WARM.close_all()

@@ -36,7 +36,9 @@ data_file = $data
 RC
   start=$(date +%s)
   code=0
-  timeout "${SUITE_TIMEOUT_S:-3000}" make "$suite" PY="$PY -m coverage run --rcfile=$out/$suite.rc" \
+  # HARNESS_COVERAGE_CONTEXTS=1: each test's lines under its node id (conftest.py), which
+  # tools/coverage_split.py --plan reads
+  HARNESS_COVERAGE_CONTEXTS=1 timeout "${SUITE_TIMEOUT_S:-3000}" make "$suite" PY="$PY -m coverage run --rcfile=$out/$suite.rc" \
     RESULTS="$out/$suite-results" > "$out/$suite.log" 2>&1 || code=$?
   echo "make $suite under coverage: exit $code, $(( $(date +%s) - start )) s ($(tail -1 "$out/$suite.log"))" >&2
   timeout 600 "$PY" -m coverage combine --quiet --rcfile="$out/$suite.rc"
