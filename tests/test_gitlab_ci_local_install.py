@@ -121,7 +121,7 @@ def test_a_failed_install_is_never_used_and_is_redone(sandbox, mode):
     assert not list((root / ".ci-tools" / "node_modules").glob("partial-*")), "half tree kept"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)])
 def test_an_interrupted_install_is_redone(sandbox, sig):
     """The installing caller is cancelled (SIGTERM: its npm is ended with it) or killed (SIGKILL:
     its npm runs on, holding the lock): the next caller waits for the lock, finds no stamp and

@@ -116,8 +116,10 @@ def preview(gcl):
     return yaml.safe_load(_after_warnings(out, "---"))
 
 
-@pytest.mark.parametrize("source", ["merge_request_event", "schedule", *(pytest.param(s, marks=pytest.mark.slow)
-                                                                  for s in ("web", "push"))])
+# `make test`: the nightly's pipeline; a merge request's per landing (.ci/run lists both with the
+# same client), and the other sources under -m slow
+@pytest.mark.parametrize("source", ["schedule", *(pytest.param(s, marks=pytest.mark.slow)
+                                                  for s in ("merge_request_event", "web", "push"))])
 def test_real_client_accepts_the_pipeline(gcl, source):
     proc = gcl("--list", *_vars(source))
     out = _ok(proc)

@@ -98,7 +98,7 @@ def test_progress_line():
     assert progress_line(8, 8, 1, 3725.0) == "[8/8 100%] 1 failed, 1h02m05s elapsed, done"
 
 
-@pytest.mark.parametrize("cells", [1, 3, 30])
+@pytest.mark.parametrize("cells", [1, 3, pytest.param(30, marks=pytest.mark.slow)])  # 30: more of the same texts
 def test_the_grid_picture_keeps_every_text_inside(results, cells):
     """Title, legend, ticks and squares lie inside the figure at any grid size and tier: nothing
     is clipped off the PNG (the cpu picture used to lose its title and legend on both sides)."""

@@ -9,7 +9,8 @@ Both data files carry each test's lines under its node id (conftest.py's coverag
 the split can be judged again without running anything: ``--split FAST.txt`` (the node ids of
 `pytest --collect-only -q -m "not slow"`) gives the figures of that split, lines reached by no
 test (collection, imports) counted where they were measured. ``--plan`` then lists the tests of
-FAST.txt that can move to `make test-slow`, longest first by tests/durations.json, while
+FAST.txt that can move to `make test-slow`, longest first by ``--durations`` (default
+tests/durations.json), while
 `make test` keeps the target ratio and one test of each test function (each behaviour once).
 Figures only, markdown on stdout; the exit code is 0 whatever the ratio."""
 from __future__ import annotations
@@ -62,7 +63,9 @@ def per_test(*files: dict[str, dict[str, set[int]]]) -> tuple[dict[str, set], se
     for data in files:
         for path, per in data.items():
             for context, lines in per.items():
-                test = re.sub(r"@[^\[\]]*$", "", context)  # xdist's "@<group>" of --dist loadgroup
+                # the outer test (a pytest run by a test adds "|<its own test>"), without
+                # xdist's "@<group>" of --dist loadgroup
+                test = re.sub(r"@[^\[\]]*$", "", context.split("|")[0])
                 (tests[test] if test else outside).update((path, n) for n in lines)
     return tests, outside
 
@@ -103,7 +106,7 @@ def _as_lines(pairs: set) -> Lines:
 
 
 def plan(tests: dict[str, set], fast_ids: list[str], fast_floor: set, union: set,
-         durations: dict[str, float], target: float) -> list[tuple[str, float, int]]:
+         durations: dict[str, float], target: float, keep_one: bool = True) -> list[tuple[str, float, int]]:
     """Greedy: the longest test of `make test` moves when what only it reaches still leaves the
     target ratio and its test function keeps another test in `make test`."""
     count = Counter(line for t in fast_ids for line in tests.get(t, ()))
@@ -113,7 +116,7 @@ def plan(tests: dict[str, set], fast_ids: list[str], fast_floor: set, union: set
     for t in sorted(fast_ids, key=lambda t: -durations.get(t, 0.0)):
         if durations.get(t, 0.0) < 1.0:
             break
-        if function[re.sub(r"\[.*", "", t)] < 2:
+        if keep_one and function[re.sub(r"\[.*", "", t)] < 2:
             continue
         lost = [line for line in tests.get(t, ()) if count[line] == 1 and line not in fast_floor]
         if covered_n - len(lost) < target / 100.0 * len(union):
@@ -133,7 +136,11 @@ def main() -> int:
     ap.add_argument("slow_data")
     ap.add_argument("--split", help="node ids of `make test`, one per line")
     ap.add_argument("--plan", action="store_true")
+    ap.add_argument("--any", action="store_true",
+                    help="--plan may move a test function's last test (a behaviour then checked per landing only)")
     ap.add_argument("--target", type=float, default=97.0)
+    ap.add_argument("--durations", default="tests/durations.json",
+                    help="node id -> seconds (bench/junit_times.py --write-durations of a cpu-tier run)")
     args = ap.parse_args()
     root = Path(args.repo).resolve()
     if not args.split:
@@ -142,15 +149,15 @@ def main() -> int:
     fast_data, slow_data = by_context(args.fast_data, root), by_context(args.slow_data, root)
     tests, _ = per_test(fast_data, slow_data)
     fast_floor = per_test(fast_data)[1]  # collection and imports of a `make test` run
-    fast_ids = [t for t in Path(args.split).read_text().split() if "::" in t]
+    fast_ids = [t for t in Path(args.split).read_text().splitlines() if "::" in t]
     fast = fast_floor.union(*(tests.get(t, set()) for t in fast_ids))
     union = fast | per_test(slow_data)[1] | set().union(*tests.values())
     compare(_as_lines(fast), _as_lines(union))
     if args.plan:
-        durations = json.loads((root / "tests" / "durations.json").read_text())
-        moves = plan(tests, fast_ids, fast_floor, union, durations, args.target)
+        durations = json.loads((root / args.durations).read_text())
+        moves = plan(tests, fast_ids, fast_floor, union, durations, args.target, keep_one=not args.any)
         print(f"\nTests of `make test` that can move to `make test-slow` ({len(moves)}, "
-              f"{sum(m[1] for m in moves):.0f} s by tests/durations.json):\n")
+              f"{sum(m[1] for m in moves):.0f} s by {args.durations}):\n")
         print("| test | s | lines only it reached in `make test` |\n| --- | ---: | ---: |")
         for t, s, lost in moves:
             print(f"| {t} | {s:.1f} | {lost} |")

@@ -9,6 +9,7 @@ megatron.core, else imported.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 
@@ -43,10 +44,17 @@ def _rank_generator(imported: bool = False) -> type:
 
 
 def rank_coords(topo: Topology, order: str = MEGATRON_DEFAULT_ORDER) -> list[RankCoords]:
+    return list(_cached_rank_coords(topo, order))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_rank_coords(topo: Topology, order: str) -> tuple[RankCoords, ...]:
+    """One generator run per (topology, order) and process: judging the committed records asks
+    the same few topologies thousands of times (a third of `harness evidence`'s time)."""
     try:
-        return _rank_coords(topo, order, _rank_generator())
+        return tuple(_rank_coords(topo, order, _rank_generator()))
     except NameError:  # a release whose generator uses more of its module than the source run has
-        return _rank_coords(topo, order, _rank_generator(imported=True))
+        return tuple(_rank_coords(topo, order, _rank_generator(imported=True)))
 
 
 def _rank_coords(topo: Topology, order: str, generator: type) -> list[RankCoords]:
