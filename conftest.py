@@ -355,10 +355,8 @@ def warm_parents_per_worker(tmp_path_factory):
     parent uses ``own_warm_parent``. In-process only: a CLI the tests start keeps the default."""
     from harness.launch.warm import WARM
 
-    if COVERAGE_CONTEXTS:  # a parent kept across tests would count its ranks' lines as its first test's
-        yield
-        return
-    WARM.keep_across_runs(tmp_path_factory.mktemp("warm-parents", numbered=False))
+    if not COVERAGE_CONTEXTS:  # a parent kept across tests would count its ranks' lines as its first test's
+        WARM.keep_across_runs(tmp_path_factory.mktemp("warm-parents", numbered=False))
     yield
     WARM.close_all()
     WARM.keep_across_runs(None)
