@@ -11,7 +11,6 @@ import pytest
 from packaging.version import Version
 
 from harness.check.versions import rules_for
-from harness.fix import SUPPORTED_MODELOPT_VERSION
 from harness.paths import COMMITTED_RUNS, REPO_ROOT
 from harness.report import gate, records_index, verdict
 from tests.helpers import committed_cells, expected_verdict, merged_pair
@@ -50,13 +49,10 @@ def _gate(capsys, job_id, pair, patched) -> tuple[int, str]:
     return rc, capsys.readouterr().out
 
 
-# `make test`: the jobs' own release (SUPPORTED_MODELOPT_VERSION) with the newest megatron-core;
-# the other releases and the older megatron-cores (the same rules, more records) under -m slow
-# (0.16.1's files: the ultra test below). Chosen by tools/coverage_split.py --plan: the slow
-# pairs reach no line of harness/ that the kept ones do not.
+# `make test`: each modelopt release with the newest megatron-core; the older megatron-cores
+# (the same rules, more records) under -m slow (0.16.1's files: the ultra test below)
 @pytest.mark.parametrize("pair", [pytest.param(p, id=f"{p[0]}+{p[1]}",
-                                               marks=[] if p == (SUPPORTED_MODELOPT_VERSION, NEWEST_MCORE)
-                                               else [pytest.mark.slow])
+                                               marks=[] if p[1] == NEWEST_MCORE else [pytest.mark.slow])
                                   for p in PAIRS])
 @pytest.mark.parametrize("job_id", [NANO, ULTRA])
 def test_the_gate_over_the_committed_records_gives_the_rules_verdict(capsys, job_id, pair):

@@ -50,11 +50,25 @@ def same_records_and_reused_pools(tmp_path, monkeypatch, cell_ids: list[str], st
     assert pool_processes(tmp_path) == []
 
 
-@pytest.mark.slow
+def test_pool_mode_runs_a_save_and_its_load_on_one_warm_pool(tmp_path, monkeypatch):
+    """`make test`'s pool-mode run (the GPU tiers' default stage mode): a save and a load of the
+    same world size pass (scenarios/cpu_reshard.toml expects every cell to) on one pool, 2
+    stages and 1 pool start, and no pool process outlives the run. The same cells against a
+    fresh torchrun per stage: the test below (-m slow)."""
+    cells = select_cells(load_all(), [CELLS[0], CELLS[2]])
+    monkeypatch.setenv("HARNESS_STAGE_MODE", "pool")
+    doc = run_cells(cells, tmp_path / "pool", "pool", jobs=1)
+    got = {c["cell_id"]: (c["outcome"], c["stage_mode"], c["message"]) for c in doc["cells"]}
+    assert {cid: v[:2] for cid, v in got.items()} == {CELLS[0]: ("pass", "pool"), CELLS[2]: ("pass", "pool")}, got
+    run_dir = next((tmp_path / "pool").iterdir())
+    assert len(list(run_dir.glob("pools/*/torchrun.log"))) == 1
+    assert pool_processes(tmp_path) == []
+
+
+@pytest.mark.slow  # pool against fresh: the pool's own run is the test above
 def test_pool_mode_gives_the_same_records_and_reuses_a_pool(tmp_path, monkeypatch):
     """A save and a load of the same world size, so the load runs on the save's warm pool (2
-    stages, 1 pool start). In `make test` the same two cells are compared on a prestarted pool
-    (tests/test_pool_prestart.py), which pays for the fresh reference once for both checks."""
+    stages, 1 pool start), with the same records as a fresh torchrun per stage."""
     same_records_and_reused_pools(tmp_path, monkeypatch, [CELLS[0], CELLS[2]], stages=2)
 
 
