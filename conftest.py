@@ -318,32 +318,28 @@ def made_checkpoints(tmp_path_factory) -> dict[str, Path]:
 COVERAGE_CONTEXTS = os.environ.get("HARNESS_COVERAGE_CONTEXTS") == "1"  # tools/coverage-split.sh
 
 
-@pytest.fixture(autouse=True)
-def coverage_context_per_test(request):
-    """Under tools/coverage-split.sh: the lines each test runs are recorded under its node id, in
-    this worker and in every process it starts (coverage's patch=subprocess hands children the
-    serialized config, whose static ``context`` is set here), so tools/coverage_split.py can tell
-    which test alone reaches a line. Off otherwise: nothing is imported or changed."""
-    if not COVERAGE_CONTEXTS:
+if COVERAGE_CONTEXTS:
+    @pytest.fixture(autouse=True)
+    def coverage_context_per_test(request, monkeypatch):
+        """Under tools/coverage-split.sh: the lines each test runs are recorded under its node
+        id, in this worker and in every process it starts (coverage's patch=subprocess hands
+        children the serialized config, whose static ``context`` is set here), so
+        tools/coverage_split.py can tell which test alone reaches a line. Defined only then."""
+        import base64
+        import json
+
+        import coverage
+
+        cov, config = coverage.Coverage.current(), os.environ.get("COVERAGE_PROCESS_CONFIG")
+        if cov is not None:
+            cov.switch_context(request.node.nodeid)
+        if config is not None:
+            doc = json.loads(base64.b64decode(config))
+            doc["context"] = request.node.nodeid
+            monkeypatch.setenv("COVERAGE_PROCESS_CONFIG", base64.b64encode(json.dumps(doc).encode()).decode())
         yield
-        return
-    import base64
-    import json
-
-    import coverage
-
-    cov, before = coverage.Coverage.current(), os.environ.get("COVERAGE_PROCESS_CONFIG")
-    if cov is not None:
-        cov.switch_context(request.node.nodeid)
-    if before is not None:
-        config = json.loads(base64.b64decode(before))
-        config["context"] = request.node.nodeid
-        os.environ["COVERAGE_PROCESS_CONFIG"] = base64.b64encode(json.dumps(config).encode()).decode()
-    yield
-    if cov is not None:
-        cov.switch_context("")
-    if before is not None:
-        os.environ["COVERAGE_PROCESS_CONFIG"] = before
+        if cov is not None:
+            cov.switch_context("")
 
 
 @pytest.fixture(scope="session", autouse=True)
