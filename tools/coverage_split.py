@@ -56,17 +56,16 @@ def by_context(data_file: str, repo: Path) -> dict[str, dict[str, set[int]]]:
     return out
 
 
-def per_test(*files: dict[str, dict[str, set[int]]]) -> tuple[dict[str, set], set]:
+def per_test(data: dict[str, dict[str, set[int]]]) -> tuple[dict[str, set], set]:
     """node id -> {(path, line)}, and the lines reached outside every test."""
     tests: dict[str, set] = defaultdict(set)
     outside: set = set()
-    for data in files:
-        for path, per in data.items():
-            for context, lines in per.items():
-                # the outer test (a pytest run by a test adds "|<its own test>"), without
-                # xdist's "@<group>" of --dist loadgroup
-                test = re.sub(r"@[^\[\]]*$", "", context.split("|")[0])
-                (tests[test] if test else outside).update((path, n) for n in lines)
+    for path, per in data.items():
+        for context, lines in per.items():
+            # the outer test (a pytest run by a test adds "|<its own test>"), without
+            # xdist's "@<group>" of --dist loadgroup
+            test = re.sub(r"@[^\[\]]*$", "", context.split("|")[0])
+            (tests[test] if test else outside).update((path, n) for n in lines)
     return tests, outside
 
 
@@ -146,12 +145,12 @@ def main() -> int:
     if not args.split:
         compare(covered(args.fast_data, root), covered(args.slow_data, root))
         return 0
-    fast_data, slow_data = by_context(args.fast_data, root), by_context(args.slow_data, root)
-    tests, _ = per_test(fast_data, slow_data)
-    fast_floor = per_test(fast_data)[1]  # collection and imports of a `make test` run
+    fast_tests, fast_floor = per_test(by_context(args.fast_data, root))  # floor: collection, imports
+    slow_tests, slow_floor = per_test(by_context(args.slow_data, root))
+    tests = {t: fast_tests.get(t, set()) | slow_tests.get(t, set()) for t in {*fast_tests, *slow_tests}}
     fast_ids = [t for t in Path(args.split).read_text().splitlines() if "::" in t]
     fast = fast_floor.union(*(tests.get(t, set()) for t in fast_ids))
-    union = fast | per_test(slow_data)[1] | set().union(*tests.values())
+    union = fast | slow_floor | set().union(*tests.values())
     compare(_as_lines(fast), _as_lines(union))
     if args.plan:
         durations = json.loads((root / args.durations).read_text())
